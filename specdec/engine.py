@@ -1,0 +1,190 @@
+"""One model with its KV slot pool: the draft's `propose` and the target's `verify`.
+
+Both take a batch of calls from different sequences. Each call names its sequence, the cached
+length to roll back to (`start`) and the committed tokens the model has not cached yet; the
+caller, not the engine, knows what was accepted, so a model never needs a separate rollback
+call. Errors are per call (SlotError in that call's place); the other calls still run.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import CheckpointError
+from .kv_cache import KVCache, SlotError, SlotPool
+from .model import Batch, Transformer
+from .sampling import DRAFT, BatchSampling, SamplingParams, probabilities, sample
+from .verify import verify as verify_drafts
+from .weights import load_model
+
+
+@dataclass
+class ProposeCall:
+    seq_id: int
+    start: int
+    tokens: list[int]          # committed tokens from `start` on, not cached yet (>= 1)
+    k: int                     # tokens to draft (>= 1)
+    sampling: SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]               # [k]
+    probs: torch.Tensor | None      # [k, V] on the engine's device; None when greedy
+
+
+@dataclass
+class VerifyCall:
+    seq_id: int
+    start: int
+    tokens: list[int]               # committed tokens from `start` on, not cached yet (>= 1)
+    drafts: list[int]               # [k], k >= 0
+    draft_probs: torch.Tensor | None  # [k, V'] or None: one-hot of drafts (greedy draft)
+    sampling: SamplingParams
+
+
+@dataclass
+class Verdict:
+    tokens: list[int]          # accepted drafts + the target's correction or bonus token
+    num_accepted: int
+
+
+class Engine:
+    def __init__(self, model: Transformer, max_sequences: int, max_len: int,
+                 device: torch.device, vocab_size: int | None = None):
+        a = model.args
+        self.model, self.device, self.max_len = model, device, max_len
+        self.dtype = model.lm_head.weight.dtype
+        self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
+                             self.dtype, device)
+        self.pool = SlotPool(max_sequences)
+        # A draft serving another model's vocabulary drafts only ids the target has.
+        self.vocab_size = min(vocab_size or a.vocab_size, a.vocab_size)
+
+    @classmethod
+    def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
+             device: torch.device, vocab_size: int | None = None) -> "Engine":
+        """Load weights and allocate the slot pool; refuse loudly if the pool cannot fit."""
+        model = load_model(path, dtype, device)
+        a = model.args
+        if max_len > a.max_position_embeddings:
+            raise CheckpointError(f"{path}/config.json: max_seq_len {max_len} exceeds "
+                                  f"max_position_embeddings {a.max_position_embeddings}")
+        need = KVCache.bytes_needed(a.num_layers, max_sequences, max_len, a.num_kv_heads,
+                                    a.head_dim, dtype)
+        free = _free_memory(device)
+        if need > free:
+            raise CheckpointError(
+                f"{path}: KV slot pool of {max_sequences} sequences x {max_len} tokens needs "
+                f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
+                f"lower max_sequences or max_seq_len")
+        return cls(model, max_sequences, max_len, device, vocab_size)
+
+    def _open(self, calls, extra: list[int]) -> tuple[list[int], list, list[int]]:
+        """Open each call's slot; returns (slots of good calls, results with errors, good idx)."""
+        results: list = [None] * len(calls)
+        slots, good = [], []
+        seen = set()
+        for i, (c, more) in enumerate(zip(calls, extra)):
+            try:
+                if c.seq_id in seen:
+                    raise SlotError(f"sequence {c.seq_id} appears twice in one batch")
+                if not c.tokens:
+                    raise SlotError(f"sequence {c.seq_id}: no tokens to append")
+                end = c.start + len(c.tokens) + more
+                if end > self.max_len:
+                    raise SlotError(f"sequence {c.seq_id}: {end} tokens exceed max_seq_len "
+                                    f"{self.max_len}")
+                if min(c.tokens) < 0 or max(c.tokens) >= self.model.args.vocab_size:
+                    raise SlotError(f"sequence {c.seq_id}: token id out of range")
+                slots.append(self.pool.open(c.seq_id, c.start))
+                seen.add(c.seq_id)
+                good.append(i)
+            except SlotError as e:
+                results[i] = e
+        return slots, results, good
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)[..., : self.vocab_size]
+
+    @torch.inference_mode()
+    def propose(self, calls: list[ProposeCall]) -> list[Proposal | SlotError]:
+        slots, results, good = self._open(calls, [c.k - 1 for c in calls])
+        if not good:
+            return results
+        cs = [calls[i] for i in good]
+        starts = [c.start for c in cs]
+        ks = [c.k for c in cs]
+        first = [c.start + len(c.tokens) for c in cs]                      # position of d_1
+        s = BatchSampling.stack([c.sampling for c in cs], self.device)
+        batch = Batch.build([c.tokens for c in cs], starts, slots, self.cache, self.device)
+        hidden = self.model(batch, self.cache)
+        rows = torch.arange(len(cs), device=self.device)
+        logits = self._logits(hidden[rows, batch.last])[:, None]           # [B, 1, V]
+        drafted, probs = [], []
+        for j in range(max(ks)):
+            p = probabilities(logits, s)                                   # [B, 1, V]
+            pos = torch.tensor(first, device=self.device)[:, None] + j
+            d = sample(p, s, pos, DRAFT)                                   # [B, 1]
+            drafted.append(d)
+            probs.append(p)
+            if j + 1 == max(ks):
+                break
+            # Feed d_{j+1} where the row still drafts; elsewhere it goes to scratch.
+            step = Batch.build(d, [f + j for f in first], slots, self.cache, self.device,
+                               lengths=[1 if j + 1 < k else 0 for k in ks])
+            logits = self._logits(self.model(step, self.cache))
+        tokens = torch.cat(drafted, 1).tolist()                            # the one sync
+        q = torch.cat(probs, 1)                                            # [B, K, V]
+        for b, (i, c) in enumerate(zip(good, cs)):
+            self.pool.set_length(c.seq_id, first[b] + c.k - 1)
+            results[i] = Proposal(tokens[b][: c.k], None if c.sampling.greedy else q[b, : c.k])
+        return results
+
+    @torch.inference_mode()
+    def verify(self, calls: list[VerifyCall]) -> list[Verdict | SlotError]:
+        slots, results, good = self._open(calls, [len(c.drafts) for c in calls])
+        if not good:
+            return results
+        cs = [calls[i] for i in good]
+        ks = [len(c.drafts) for c in cs]
+        k_max, v = max(ks), self.vocab_size
+        batch = Batch.build([c.tokens + c.drafts for c in cs], [c.start for c in cs], slots,
+                            self.cache, self.device)
+        hidden = self.model(batch, self.cache)                             # [B, T, D]
+        # Score the last committed token and every draft: K+1 positions per row.
+        base = torch.tensor([len(c.tokens) - 1 for c in cs], device=self.device)
+        idx = (base[:, None] + torch.arange(k_max + 1, device=self.device)).clamp(
+            max=hidden.shape[1] - 1)
+        hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        s = BatchSampling.stack([c.sampling for c in cs], self.device)
+        p = probabilities(self._logits(hidden), s)                         # [B, K+1, V]
+        drafts = torch.tensor([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs],
+                              dtype=torch.int64, device=self.device)
+        q = torch.zeros(len(cs), k_max, v, device=self.device)
+        for b, c in enumerate(cs):  # per-row copy of an already materialized tensor; no compute
+            if c.draft_probs is not None and c.drafts:
+                w = min(v, c.draft_probs.shape[-1])
+                q[b, : len(c.drafts), :w] = c.draft_probs[:, :w].to(self.device, torch.float32)
+            elif c.drafts:
+                q[b, : len(c.drafts)] = torch.nn.functional.one_hot(drafts[b, : len(c.drafts)], v)
+        first = torch.tensor([c.start + len(c.tokens) for c in cs], device=self.device)
+        accepted, nxt = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s, first)
+        accepted, nxt = accepted.tolist(), nxt.tolist()                    # the one sync
+        for b, (i, c) in enumerate(zip(good, cs)):
+            m = accepted[b]
+            self.pool.set_length(c.seq_id, c.start + len(c.tokens) + m)
+            results[i] = Verdict(c.drafts[:m] + [nxt[b]], m)
+        return results
+
+    def release(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self.pool.release(seq_id)
+
+
+def _free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,59 @@
+"""In-process Drafter and Verifier over an Engine, with Triton-like dynamic batching.
+
+Calls issued by concurrent sequences in the same event-loop turn run as one batched engine call,
+as Triton's dynamic batcher would group them. Used by tests and benchmarks without a server.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from .engine import Engine, Proposal, ProposeCall, Verdict, VerifyCall
+from .kv_cache import SlotError
+
+
+class _Batcher:
+    def __init__(self, run):
+        self.run = run              # list[call] -> list[result | SlotError]
+        self.pending: list[tuple[object, asyncio.Future]] = []
+        self.calls = 0              # batched engine calls made (tests count them)
+
+    async def submit(self, call):
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((call, fut))
+        if len(self.pending) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        result = await fut
+        if isinstance(result, SlotError):
+            raise result
+        return result
+
+    def _flush(self):
+        batch, self.pending = self.pending, []
+        self.calls += 1
+        for (_, fut), result in zip(batch, self.run([c for c, _ in batch])):
+            if not fut.cancelled():
+                fut.set_result(result)
+
+
+class LocalDrafter:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.batcher = _Batcher(engine.propose)
+
+    async def propose(self, call: ProposeCall) -> Proposal:
+        return await self.batcher.submit(call)
+
+    async def release(self, seq_id: int) -> None:
+        self.engine.release([seq_id])
+
+
+class LocalVerifier:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.batcher = _Batcher(engine.verify)
+
+    async def verify(self, call: VerifyCall) -> Verdict:
+        return await self.batcher.submit(call)
+
+    async def release(self, seq_id: int) -> None:
+        self.engine.release([seq_id])

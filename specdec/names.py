@@ -1,0 +1,47 @@
+"""Tensor and model names shared by the model repository, the client and the tests."""
+
+# Entry point and pipeline steps (model_repository/<name>/).
+ENSEMBLE = "ensemble"
+PREPROCESSING = "preprocessing"
+ORCHESTRATOR = "speculative_decoding"
+DRAFT_MODEL = "draft_model"
+TARGET_MODEL = "target_model"
+POSTPROCESSING = "postprocessing"
+
+# Request inputs (TensorRT-LLM / vLLM Triton conventions).
+TEXT_INPUT = "text_input"
+MAX_TOKENS = "max_tokens"
+STREAM = "stream"
+TEMPERATURE = "temperature"
+TOP_P = "top_p"
+TOP_K = "top_k"
+SEED = "seed"
+NUM_DRAFT_TOKENS = "num_draft_tokens"
+STOP_WORDS = "stop_words"
+
+# Response outputs.
+TEXT_OUTPUT = "text_output"
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+TOTAL_DRAFT_TOKENS = "total_draft_tokens"
+TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
+ACCEPTANCE_RATE = "acceptance_rate"
+FINISH_REASON = "finish_reason"
+STATS_OUTPUTS = (NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS, TOTAL_ACCEPTED_DRAFT_TOKENS,
+                 ACCEPTANCE_RATE, FINISH_REASON)
+
+# Between pipeline steps.
+INPUT_IDS = "input_ids"            # preprocessing -> orchestrator: prompt token ids
+STOP_IDS = "stop_ids"              # preprocessing -> orchestrator: stop words, flattened ids
+STOP_LENGTHS = "stop_lengths"      # preprocessing -> orchestrator: token count of each stop word
+OUTPUT_IDS = "output_ids"          # orchestrator -> postprocessing; target -> orchestrator
+PREFIX_LENGTH = "prefix_length"    # orchestrator -> postprocessing: ids already shown as text
+IS_FINAL = "is_final"              # orchestrator -> postprocessing: flush held-back bytes
+
+# Orchestrator -> draft_model / target_model.
+SEQUENCE_ID = "sequence_id"
+START_POSITION = "start_position"  # roll the sequence's cache back to here, then append tokens
+TOKENS = "tokens"                  # committed tokens the model has not cached yet
+DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target
+DRAFT_PROBS = "draft_probs"        # draft -> orchestrator -> target: q per drafted position
+RELEASE = "release"                # free the sequence's slot; nothing else is done
+NUM_ACCEPTED = "num_accepted"      # target -> orchestrator

@@ -1,0 +1,110 @@
+"""Batched, sync-free sampling: temperature, top-k, top-p, per-request seeds.
+
+Randomness is counter-based: every uniform is a hash of (seed, absolute token position, purpose,
+vocabulary index), computed with integer tensor ops on the logits' device. So a row's tokens
+depend only on its own seed and positions: the same in a batch of one or of sixty-four, on the
+CPU or the GPU, and never a per-row Python loop or a host sync. Sampling is the exponential race
+argmax(p / E), E ~ Exp(1), which draws exactly from p (Gumbel-max in probability space).
+
+Temperature 0 turns a row's distribution into the one-hot of its argmax, so greedy decoding and
+greedy verification are the same code as sampling: exact match falls out of min(1, p/q).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B  # < 2**27, so a 32-bit value times it stays inside int64
+
+# Purposes: independent streams at one position.
+DRAFT = 1      # the draft's proposal
+ACCEPT = 2     # the target's accept test for a proposal
+RESAMPLE = 3   # the target's correction or bonus token
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0       # 0: off
+    top_p: float = 1.0   # 1: off
+    seed: int = 0        # uint64
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class BatchSampling:
+    """SamplingParams of B rows as device tensors."""
+    temperature: torch.Tensor  # [B] fp32
+    top_k: torch.Tensor        # [B] int64
+    top_p: torch.Tensor        # [B] fp32
+    seed_lo: torch.Tensor      # [B] int64 in [0, 2**32)
+    seed_hi: torch.Tensor      # [B] int64 in [0, 2**32)
+    any_filter: bool           # host flag: skip the sort when no row uses top-k/top-p
+
+    @classmethod
+    def stack(cls, params: list[SamplingParams], device: torch.device) -> "BatchSampling":
+        def t(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        return cls(
+            temperature=t([p.temperature for p in params], torch.float32),
+            top_k=t([p.top_k for p in params], torch.int64),
+            top_p=t([p.top_p for p in params], torch.float32),
+            seed_lo=t([p.seed & _MASK32 for p in params], torch.int64),
+            seed_hi=t([(p.seed >> 32) & _MASK32 for p in params], torch.int64),
+            any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy),
+        )
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (bijective, full avalanche) on int64 tensors holding uint32."""
+    x = (((x >> 16) ^ x) * _MUL) & _MASK32
+    x = (((x >> 16) ^ x) * _MUL) & _MASK32
+    return (x >> 16) ^ x
+
+
+def uniforms(s: BatchSampling, positions: torch.Tensor, purpose: int, n: int = 1) -> torch.Tensor:
+    """Uniforms in (0, 1): [B, P, n] for absolute token positions [B, P]."""
+    h = _mix(_mix(s.seed_lo) ^ s.seed_hi)[:, None]            # [B, 1]
+    h = _mix(_mix(h ^ purpose) ^ (positions & _MASK32))       # [B, P]
+    idx = torch.arange(n, device=positions.device)
+    h = _mix(_mix(h[..., None] ^ idx))                        # [B, P, n]
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
+    """Processed distributions [B, P, V] (fp32) from logits [B, P, V]: what each row samples."""
+    logits = logits.float()
+    greedy = (s.temperature == 0)[:, None, None]
+    temp = torch.where(s.temperature > 0, s.temperature, 1.0)[:, None, None]
+    scaled = logits / temp
+    if s.any_filter:
+        scaled = _top_k_top_p(scaled, s.top_k, s.top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs)
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask with -inf what top-k (k > 0) and then top-p (p < 1) drop; per row, no loop."""
+    v = scaled.shape[-1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)          # [B, P, V]
+    rank = torch.arange(v, device=scaled.device)
+    k = torch.where(top_k > 0, top_k.clamp(max=v), v)[:, None, None]     # [B, 1, 1]
+    kth = sorted_logits.gather(-1, (k - 1).expand(*sorted_logits.shape[:-1], 1))
+    drop = sorted_logits < kth                                           # ties with k-th stay
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    before = sorted_probs.cumsum(-1) - sorted_probs                      # mass strictly above
+    drop = drop | ((before >= top_p[:, None, None]) & (rank > 0))
+    return scaled.masked_fill(torch.empty_like(drop).scatter_(-1, order, drop), float("-inf"))
+
+
+def sample(probs: torch.Tensor, s: BatchSampling, positions: torch.Tensor, purpose: int) -> torch.Tensor:
+    """Token ids [B, P] drawn from probs [B, P, V] by the exponential race."""
+    exp = -torch.log(uniforms(s, positions, purpose, probs.shape[-1]))  # [B, P, V]
+    return (probs / exp).argmax(-1)

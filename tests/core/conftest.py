@@ -1,0 +1,39 @@
+import asyncio
+
+import pytest
+import torch
+
+from specdec.engine import Engine
+from specdec.local import LocalDrafter, LocalVerifier
+from specdec.loop import Chunk, Request, speculate
+from specdec.weights import load_model
+from tests.tiny_checkpoints import make_checkpoint, make_draft
+
+
+@pytest.fixture(scope="session")
+def pair_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target = make_checkpoint(root / "target", "llama3_gqa_tied")
+    return target, make_draft(target, root / "draft", noise=0.5)
+
+
+def engines(pair, dtype=torch.float64, max_sequences=32, max_len=128):
+    target, draft = pair
+    cpu = torch.device("cpu")
+    return (Engine(load_model(target, dtype, cpu), max_sequences, max_len, cpu),
+            Engine(load_model(draft, dtype, cpu), max_sequences, max_len, cpu))
+
+
+def generate(target: Engine, draft: Engine, requests: list[Request]) -> list[tuple[list[int], object]]:
+    """Run requests concurrently (batched like Triton would); returns (tokens, stats) each."""
+    drafter, verifier = LocalDrafter(draft), LocalVerifier(target)
+
+    async def one(i, req):
+        chunks: list[Chunk] = []
+        stats = await speculate(1000 + i, req, drafter, verifier, target.max_len, chunks.append)
+        return [t for c in chunks for t in c.tokens], stats, chunks
+
+    async def run():
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+
+    return asyncio.run(run())

@@ -1,0 +1,52 @@
+"""Slot pool and rollback: a sequence rolls back to any length without disturbing the others."""
+import pytest
+import torch
+
+from specdec.engine import VerifyCall
+from specdec.kv_cache import SlotError, SlotPool
+from specdec.sampling import SamplingParams
+from tests.core.conftest import engines
+
+
+def greedy_next(engine, seq_id, start, tokens):
+    verdict, = engine.verify([VerifyCall(seq_id, start, tokens, [], None, SamplingParams())])
+    return verdict.tokens[0]
+
+
+def test_rollback_then_diverge_equals_fresh(pair_dir):
+    target, _ = engines(pair_dir)
+    a, b = list(range(3, 23)), [50, 51, 52, 53]
+    greedy_next(target, 1, 0, a)                          # cache 20 tokens of sequence 1
+    greedy_next(target, 2, 0, [9, 8, 7])                  # a neighbour in another slot
+    k_before = target.cache.k[0][target.pool.slots[2]].clone()
+    rolled = greedy_next(target, 1, 8, b)                 # back to 8, then a different suffix
+    fresh = greedy_next(target, 3, 0, a[:8] + b)
+    assert rolled == fresh
+    assert target.pool.lengths[1] == 8 + len(b)  # every fed token cached, none drafted
+    assert torch.equal(target.cache.k[0][target.pool.slots[2]], k_before)
+
+
+def test_pool_limits_and_release():
+    pool = SlotPool(2)
+    assert pool.open(10, 0) != pool.open(11, 0)
+    with pytest.raises(SlotError) as full:
+        pool.open(12, 0)
+    assert full.value.unavailable
+    pool.set_length(10, 5)
+    with pytest.raises(SlotError, match="past its 5 cached"):
+        pool.open(10, 6)
+    with pytest.raises(SlotError, match="not open"):
+        pool.open(13, 3)
+    assert pool.release(10) and not pool.release(10)
+    pool.open(12, 0)
+    assert pool.active == 2
+
+
+def test_bad_call_fails_alone(pair_dir):
+    target, _ = engines(pair_dir)
+    good = VerifyCall(1, 0, [1, 2, 3], [], None, SamplingParams())
+    unknown = VerifyCall(2, 5, [1], [], None, SamplingParams())
+    out_of_vocab = VerifyCall(3, 0, [10_000], [], None, SamplingParams())
+    results = target.verify([unknown, good, out_of_vocab])
+    assert isinstance(results[0], SlotError) and isinstance(results[2], SlotError)
+    assert results[1].tokens == [greedy_next(target, 4, 0, [1, 2, 3])]

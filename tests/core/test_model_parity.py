@@ -1,0 +1,37 @@
+"""Our decoder's logits equal transformers' on the same weights, for every supported variant."""
+import pytest
+import torch
+import transformers
+
+from specdec.engine import Engine
+from specdec.model import Batch
+from specdec.weights import load_model
+from tests.tiny_checkpoints import VARIANTS, make_checkpoint
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_match_transformers(tmp_path, variant):
+    path = make_checkpoint(tmp_path / variant, variant)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    engine = Engine(load_model(path, torch.float32, "cpu"), max_sequences=2, max_len=64,
+                    device=torch.device("cpu"))
+    torch.manual_seed(1)
+    ids = torch.randint(0, 97, (1, 40))
+    with torch.no_grad():
+        want = ref(ids).logits[0]
+    # Fed in three ragged pieces through the cache, as serving does.
+    got, start = [], 0
+    slot = engine.pool.open(7, 0)
+    for piece in (ids[0, :17].tolist(), ids[0, 17:18].tolist(), ids[0, 18:].tolist()):
+        batch = Batch.build([piece], [start], [slot], engine.cache, engine.device)
+        with torch.no_grad():
+            got.append(engine.model.logits(engine.model(batch, engine.cache))[0])
+        start += len(piece)
+    torch.testing.assert_close(torch.cat(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_missing_weights_named_in_error(tmp_path):
+    path = make_checkpoint(tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no \\*.safetensors"):
+        load_model(path, torch.float32, "cpu")

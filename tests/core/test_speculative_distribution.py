@@ -1,0 +1,90 @@
+"""Sampling: speculative outputs follow the target's distribution (a chi-square test).
+
+The models have a 5-token vocabulary, so every 3-token continuation (125 of them) has an exact
+probability under the target, computed independently with transformers. A negative control runs
+the same test against the draft's distribution and must reject it: the test has power.
+"""
+import itertools
+
+import pytest
+import torch
+import transformers
+from scipy.stats import chisquare
+
+from specdec.loop import Request
+from specdec.sampling import SamplingParams
+from tests.core.conftest import engines, generate
+from tests.tiny_checkpoints import make_checkpoint, make_draft
+
+V, LENGTH, N = 5, 3, 4000
+PROMPT = [1, 3, 0, 2]
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small")
+    target = make_checkpoint(root / "t", "llama2", vocab_size=V, seed=3)
+    return target, make_draft(target, root / "d", noise=1.0, seed=4)
+
+
+def exact_distribution(path, params: SamplingParams) -> dict[tuple, float]:
+    """P(x1 x2 x3 | prompt) under the model with HF's own temperature/top-k/top-p warpers."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    warpers = [transformers.TemperatureLogitsWarper(params.temperature)]
+    if params.top_k:
+        warpers.append(transformers.TopKLogitsWarper(params.top_k))
+    if params.top_p < 1:
+        warpers.append(transformers.TopPLogitsWarper(params.top_p))
+    dist = {}
+    for seq in itertools.product(range(V), repeat=LENGTH):
+        ids = torch.tensor([PROMPT + list(seq)])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(PROMPT) - 1: -1]
+        prob = 1.0
+        for pos, tok in enumerate(seq):
+            scores = logits[pos][None]
+            for w in warpers:
+                scores = w(ids[:, : len(PROMPT) + pos], scores)
+            prob *= torch.softmax(scores, -1)[0, tok].item()
+        dist[seq] = prob
+    return dist
+
+
+def chi_square_p(counts: dict, dist: dict) -> float:
+    if any(n and not dist.get(c) for c, n in counts.items()):
+        return 0.0  # drawn where the distribution has no mass
+    cells = sorted(dist, key=dist.get, reverse=True)
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for c in cells:  # pool cells expected below 5 draws
+        if dist[c] * N >= 5:
+            obs.append(counts.get(c, 0))
+            exp.append(dist[c] * N)
+        else:
+            rest_o += counts.get(c, 0)
+            rest_e += dist[c] * N
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    return chisquare(obs, exp).pvalue
+
+
+@pytest.mark.parametrize("k,params", [
+    (3, SamplingParams(temperature=1.0)),
+    (1, SamplingParams(temperature=1.0)),
+    (4, SamplingParams(temperature=0.8, top_k=4, top_p=0.9)),
+])
+def test_speculative_samples_follow_target(small_pair, k, params):
+    target, draft = engines(small_pair, max_sequences=N, max_len=16)
+    reqs = [Request(PROMPT, LENGTH, k, SamplingParams(params.temperature, params.top_k,
+                                                      params.top_p, seed=1_000_003 * i + 7))
+            for i in range(N)]
+    results = generate(target, draft, reqs)
+    counts: dict[tuple, int] = {}
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / sum(
+        s.total_draft_tokens for _, s, _ in results)
+    assert 0.2 < rate < 0.95, rate  # both accept and reject paths carry weight
+    assert chi_square_p(counts, exact_distribution(small_pair[0], params)) > 1e-3
+    # Negative control: the draft's own distribution differs, and the test sees it.
+    assert chi_square_p(counts, exact_distribution(small_pair[1], params)) < 1e-6

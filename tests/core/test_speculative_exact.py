@@ -1,0 +1,75 @@
+"""Temperature 0: speculative output equals the target's own greedy output, token for token."""
+import pytest
+import torch
+import transformers
+
+from specdec.loop import Request
+from specdec.sampling import SamplingParams
+from tests.core.conftest import engines, generate
+
+MAX_TOKENS = 24
+
+
+def prompts(n=12):
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 97, (int(l),), generator=gen).tolist()
+            for l in torch.randint(1, 30, (n,), generator=gen)]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(pair_dir):
+    ref = transformers.AutoModelForCausalLM.from_pretrained(pair_dir[0], dtype=torch.float64)
+    out = []
+    for p in prompts():
+        ids = ref.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+        out.append(ids[0, len(p):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5, 6, 7, 8])
+def test_greedy_equals_target_alone(pair_dir, hf_greedy, k):
+    target, draft = engines(pair_dir)
+    results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()])
+    assert [r[0] for r in results] == hf_greedy
+    if k:
+        stats = [r[1] for r in results]
+        accepted = sum(s.total_accepted_draft_tokens for s in stats)
+        proposed = sum(s.total_draft_tokens for s in stats)
+        # The noisy draft must be neither always right nor always wrong, or the test is idle.
+        assert 0 < accepted < proposed
+        # Accepted drafts save target passes: fewer rounds than tokens overall.
+        assert sum(s.rounds for s in stats) < sum(s.num_output_tokens for s in stats)
+    assert target.pool.active == 0 and draft.pool.active == 0
+
+
+def test_rows_batched_equal_rows_alone_when_sampling(pair_dir):
+    reqs = [Request(p, 16, 4, SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=i))
+            for i, p in enumerate(prompts(8))]
+    target, draft = engines(pair_dir)
+    together = [r[0] for r in generate(target, draft, reqs)]
+    alone = [generate(target, draft, [r])[0][0] for r in reqs]
+    assert together == alone
+    assert len({tuple(t) for t in together}) == len(reqs)  # seeds do differ
+
+
+def test_stop_eos_and_length(pair_dir):
+    target, draft = engines(pair_dir)
+    base = generate(target, draft, [Request(prompts()[0], 20, 4)])[0][0]
+    stop = tuple(base[5:7])
+    eos = base[9]
+    first_stop = next(i for i in range(len(base) - 1) if tuple(base[i:i + 2]) == stop)
+    (tokens, _, chunks), = generate(target, draft, [Request(prompts()[0], 20, 4, stop=(stop,))])
+    assert tokens == base[:first_stop] and chunks[-1].finish_reason == "stop"
+    (tokens, _, chunks), = generate(target, draft, [Request(prompts()[0], 20, 4, eos=(eos,))])
+    assert tokens == base[:base.index(eos)] and chunks[-1].finish_reason == "eos"
+    (tokens, _, chunks), = generate(target, draft, [Request(prompts()[0], 7, 4)])
+    assert tokens == base[:7] and chunks[-1].finish_reason == "length"
+
+
+def test_context_window_ends_generation(pair_dir):
+    target, draft = engines(pair_dir, max_len=40)
+    p = prompts()[0]
+    (tokens, stats, chunks), = generate(target, draft, [Request(p, 100, 8)])
+    assert len(p) + len(tokens) == 41 and chunks[-1].finish_reason == "length"
+    assert target.pool.active == 0
