@@ -1,0 +1,29 @@
+"""Client for the speculative-decoding LLM server on Triton (HTTP and gRPC)."""
+
+from .api import (
+    DEFAULT_GRPC_URL,
+    DEFAULT_HTTP_URL,
+    ENSEMBLE,
+    GenerationParams,
+    Result,
+    ServerError,
+    TextStream,
+    generate,
+    generate_stream,
+    grpc_generate,
+    grpc_stream,
+)
+
+__all__ = [
+    "DEFAULT_GRPC_URL",
+    "DEFAULT_HTTP_URL",
+    "ENSEMBLE",
+    "GenerationParams",
+    "Result",
+    "ServerError",
+    "TextStream",
+    "generate",
+    "generate_stream",
+    "grpc_generate",
+    "grpc_stream",
+]

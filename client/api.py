@@ -1,0 +1,457 @@
+"""Client API for the speculative-decoding ensemble served by Triton.
+
+HTTP goes through the standard library so that a plain HTTP client needs no
+third-party package; gRPC imports tritonclient only when used.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from .sse import iter_sse_data
+
+# The client's copy of specdec/names.py, kept here so the client needs no torch.
+ENSEMBLE = "ensemble"
+
+TEXT_INPUT = "text_input"
+MAX_TOKENS = "max_tokens"
+STREAM = "stream"
+TEMPERATURE = "temperature"
+TOP_P = "top_p"
+TOP_K = "top_k"
+SEED = "seed"
+NUM_DRAFT_TOKENS = "num_draft_tokens"
+STOP_WORDS = "stop_words"
+
+TEXT_OUTPUT = "text_output"
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+TOTAL_DRAFT_TOKENS = "total_draft_tokens"
+TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
+ACCEPTANCE_RATE = "acceptance_rate"
+FINISH_REASON = "finish_reason"
+STATS_OUTPUTS = (NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS, TOTAL_ACCEPTED_DRAFT_TOKENS,
+                 ACCEPTANCE_RATE, FINISH_REASON)
+OUTPUTS = (TEXT_OUTPUT,) + STATS_OUTPUTS
+
+INPUT_DATATYPES: dict[str, str] = {
+    TEXT_INPUT: "BYTES",
+    STREAM: "BOOL",
+    MAX_TOKENS: "INT32",
+    TEMPERATURE: "FP32",
+    TOP_P: "FP32",
+    TOP_K: "INT32",
+    SEED: "UINT64",
+    NUM_DRAFT_TOKENS: "INT32",
+    STOP_WORDS: "BYTES",
+}
+
+FINISH_CANCELLED = "cancelled"
+DEFAULT_HTTP_URL = "localhost:8000"
+DEFAULT_GRPC_URL = "localhost:8001"
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class ServerError(Exception):
+    """An error reported by the server.
+
+    ``status`` is the HTTP status code, the gRPC status (e.g.
+    ``"StatusCode.UNAVAILABLE"``), or None when the error arrived inside an
+    otherwise successful stream.
+    """
+
+    def __init__(self, message: str, status: int | str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"{self.message} (status {self.status})" if self.status is not None else self.message
+
+
+def _check(value: float | None, name: str, lo: float, hi: float | None = None,
+           integer: bool = False) -> None:
+    if value is None:
+        return
+    if integer and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not (value >= lo and (hi is None or value <= hi)):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+@dataclass
+class GenerationParams:
+    """Sampling and speculation settings of one request.
+
+    Field names are the ensemble's input names. ``None`` leaves the input out
+    of the request so the server's default applies; an empty ``stop_words``
+    is treated the same way because a zero-width tensor is not a valid input.
+    ``num_draft_tokens=0`` asks for plain target decoding.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    num_draft_tokens: int | None = None
+    stop_words: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens, MAX_TOKENS, 1, integer=True)
+        _check(self.temperature, TEMPERATURE, 0.0)
+        _check(self.top_p, TOP_P, 0.0, 1.0)
+        _check(self.top_k, TOP_K, 0, integer=True)
+        _check(self.seed, SEED, 0, 2**64 - 1, integer=True)
+        _check(self.num_draft_tokens, NUM_DRAFT_TOKENS, 0, integer=True)
+        if self.stop_words is not None:
+            if isinstance(self.stop_words, (str, bytes)):
+                raise TypeError("stop_words must be a sequence of strings, not one string")
+            if not all(isinstance(w, str) for w in self.stop_words):
+                raise TypeError("stop_words must contain only strings")
+
+    def fields(self) -> dict[str, Any]:
+        """The inputs to send, by name, leaving out those at server default."""
+        out: dict[str, Any] = {}
+        for name in (MAX_TOKENS, TEMPERATURE, TOP_P, TOP_K, SEED, NUM_DRAFT_TOKENS):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.stop_words:
+            out[STOP_WORDS] = list(self.stop_words)
+        return out
+
+
+@dataclass
+class Result:
+    """The outcome of one generation with its server statistics and timings.
+
+    Statistics the server did not send are None. Times are seconds since the
+    request was sent; ``time_to_first_token_s`` is None when the response was
+    not streamed, since a single response cannot tell it apart from the total.
+    """
+
+    text: str
+    num_output_tokens: int | None = None
+    total_draft_tokens: int | None = None
+    total_accepted_draft_tokens: int | None = None
+    acceptance_rate: float | None = None
+    finish_reason: str | None = None
+    time_to_first_token_s: float | None = None
+    total_time_s: float = 0.0
+    chunk_times_s: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens over the whole request time."""
+        if not self.num_output_tokens or self.total_time_s <= 0:
+            return None
+        return self.num_output_tokens / self.total_time_s
+
+    @property
+    def inter_chunk_latencies_s(self) -> list[float]:
+        """Gaps between consecutive text pieces, for inter-token latency."""
+        t = self.chunk_times_s
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+def build_generate_body(prompt: str, params: GenerationParams | None = None,
+                        stream: bool = False) -> dict[str, Any]:
+    """The JSON body for Triton's generate / generate_stream endpoints."""
+    body: dict[str, Any] = {TEXT_INPUT: prompt, STREAM: stream}
+    body.update((params or GenerationParams()).fields())
+    return body
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def outputs_from_json(obj: dict[str, Any]) -> dict[str, Any]:
+    """Known outputs of one generate response, whether scalars or nested lists."""
+    out: dict[str, Any] = {}
+    for name in OUTPUTS:
+        if name not in obj:
+            continue
+        leaves = _leaves(obj[name])
+        if name == TEXT_OUTPUT:
+            out[name] = "".join(str(v) for v in leaves)
+        elif leaves:
+            out[name] = leaves[0]
+    return out
+
+
+class Collector:
+    """Accumulates text, the latest statistics and arrival times of responses."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.pieces: list[str] = []
+        self.times: list[float] = []
+        self.stats: dict[str, Any] = {}
+
+    def add(self, outputs: dict[str, Any]) -> str:
+        for name in STATS_OUTPUTS:
+            value = outputs.get(name)
+            if value is not None and value != "":
+                self.stats[name] = value
+        piece = outputs.get(TEXT_OUTPUT) or ""
+        if piece:
+            self.pieces.append(piece)
+            self.times.append(time.perf_counter() - self.t0)
+        return piece
+
+    def result(self, streamed: bool, cancelled: bool = False) -> Result:
+        s = self.stats
+
+        def num(name: str, kind: type) -> Any:
+            return kind(s[name]) if name in s else None
+
+        return Result(
+            text="".join(self.pieces),
+            num_output_tokens=num(NUM_OUTPUT_TOKENS, int),
+            total_draft_tokens=num(TOTAL_DRAFT_TOKENS, int),
+            total_accepted_draft_tokens=num(TOTAL_ACCEPTED_DRAFT_TOKENS, int),
+            acceptance_rate=num(ACCEPTANCE_RATE, float),
+            finish_reason=FINISH_CANCELLED if cancelled else num(FINISH_REASON, str),
+            time_to_first_token_s=self.times[0] if streamed and self.times else None,
+            total_time_s=time.perf_counter() - self.t0,
+            chunk_times_s=list(self.times),
+        )
+
+
+class TextStream(Iterator[str]):
+    """The text pieces of one generation, in arrival order.
+
+    Iterating yields non-empty pieces; once the server's last response is read,
+    ``result`` holds the Result. ``cancel()`` (from any thread, or by leaving a
+    ``with`` block early) stops the request on the server and ends the
+    iteration with finish_reason "cancelled".
+    """
+
+    def __init__(self, collector: Collector, streamed: bool) -> None:
+        self._collector = collector
+        self._streamed = streamed
+        self._result: Result | None = None
+        self._done = False
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+
+    def _receive(self) -> dict[str, Any] | None:
+        """The next response's outputs, or None after the last one."""
+        raise NotImplementedError
+
+    def _abort(self) -> None:
+        """Stop the request and free the connection; must be idempotent."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free the connection after the last response."""
+        self._abort()
+
+    @property
+    def result(self) -> Result | None:
+        return self._result
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def __next__(self) -> str:
+        while not self._done:
+            if self._cancelled.is_set():
+                self._finish()
+                break
+            try:
+                outputs = self._receive()
+            except BaseException:
+                if self._cancelled.is_set():
+                    self._finish()
+                    break
+                self._done = True
+                self._abort()
+                raise
+            if outputs is None:
+                self._finish()
+                break
+            piece = self._collector.add(outputs)
+            if piece:
+                return piece
+        raise StopIteration
+
+    def _finish(self) -> None:
+        self._done = True
+        cancelled = self._cancelled.is_set()
+        if cancelled:
+            self._abort()
+        else:
+            self._release()
+        self._result = self._collector.result(self._streamed, cancelled)
+
+    def cancel(self) -> None:
+        """Stop the generation early; what arrived so far stays in the result."""
+        if self._done:
+            return
+        self._cancelled.set()
+        self._abort()
+
+    def wait(self) -> Result:
+        """Read the remaining pieces and return the Result."""
+        for _ in self:
+            pass
+        if self._result is None:
+            raise RuntimeError("the stream ended with an error")
+        return self._result
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+def _error_message(raw: bytes, fallback: str) -> str:
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text or fallback
+    if isinstance(obj, dict) and "error" in obj:
+        return str(obj["error"])
+    return text or fallback
+
+
+def decode_event(data: str | bytes) -> dict[str, Any]:
+    """Parse one JSON response or SSE event, raising ServerError for an error."""
+    try:
+        obj = json.loads(data)
+    except ValueError as e:
+        raise ServerError(f"malformed response from server: {data!r:.200}") from e
+    if not isinstance(obj, dict):
+        raise ServerError(f"malformed response from server: {data!r:.200}")
+    if "error" in obj:
+        raise ServerError(str(obj["error"]))
+    return obj
+
+
+class _HttpCall:
+    """One POST whose socket is kept so another thread can cut it short."""
+
+    def __init__(self, url: str, path: str, body: dict[str, Any], timeout: float | None,
+                 accept: str) -> None:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an HTTP URL: {url!r}")
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.conn = cls(parts.hostname, parts.port, timeout=timeout)
+        self._closed = False
+        self._lock = threading.Lock()
+        try:
+            self.conn.connect()
+            self.sock = self.conn.sock
+            self.conn.request("POST", parts.path.rstrip("/") + path, body=json.dumps(body).encode(),
+                              headers={"Content-Type": "application/json", "Accept": accept})
+            self.response = self.conn.getresponse()
+            if self.response.status != 200:
+                raw = self.response.read()
+                raise ServerError(_error_message(raw, self.response.reason), self.response.status)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the socket, waking a thread blocked reading it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sock = getattr(self, "sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.conn.close()
+
+
+def _model_path(model: str, endpoint: str) -> str:
+    return f"/v2/models/{quote(model, safe='')}/{endpoint}"
+
+
+def generate(url: str, prompt: str, params: GenerationParams | None = None, *,
+             model: str = ENSEMBLE, timeout: float | None = DEFAULT_TIMEOUT_S) -> Result:
+    """Generate without streaming over HTTP ``/v2/models/{model}/generate``.
+
+    ``timeout`` bounds each socket operation in seconds.
+    """
+    collector = Collector()
+    call = _HttpCall(url, _model_path(model, "generate"),
+                     build_generate_body(prompt, params, False), timeout, "application/json")
+    try:
+        raw = call.response.read()
+    finally:
+        call.close()
+    collector.add(outputs_from_json(decode_event(raw)))
+    return collector.result(streamed=False)
+
+
+class _HttpStream(TextStream):
+    def __init__(self, call: _HttpCall, collector: Collector) -> None:
+        super().__init__(collector, streamed=True)
+        self._call = call
+        self._events = iter_sse_data(iter(call.response.readline, b""))
+
+    def _receive(self) -> dict[str, Any] | None:
+        data = next(self._events, None)
+        return None if data is None else outputs_from_json(decode_event(data))
+
+    def _abort(self) -> None:
+        self._call.close()
+
+
+def generate_stream(url: str, prompt: str, params: GenerationParams | None = None, *,
+                    model: str = ENSEMBLE,
+                    timeout: float | None = DEFAULT_TIMEOUT_S) -> TextStream:
+    """Stream a generation over HTTP ``/v2/models/{model}/generate_stream`` (SSE).
+
+    Cancelling closes the connection, which is how Triton learns to stop.
+    ``timeout`` bounds the wait for each piece in seconds.
+    """
+    collector = Collector()
+    call = _HttpCall(url, _model_path(model, "generate_stream"),
+                     build_generate_body(prompt, params, True), timeout, "text/event-stream")
+    return _HttpStream(call, collector)
+
+
+def grpc_stream(url: str, prompt: str, params: GenerationParams | None = None, *,
+                model: str = ENSEMBLE,
+                timeout: float | None = DEFAULT_TIMEOUT_S) -> TextStream:
+    """Stream a generation over gRPC (``stream=True``).
+
+    Cancelling calls ``stop_stream(cancel_requests=True)``. ``timeout`` bounds
+    the wait for each response in seconds.
+    """
+    from .grpc_transport import open_stream
+
+    return open_stream(url, prompt, params, model, timeout, stream=True)
+
+
+def grpc_generate(url: str, prompt: str, params: GenerationParams | None = None, *,
+                  model: str = ENSEMBLE, timeout: float | None = DEFAULT_TIMEOUT_S) -> Result:
+    """Generate without streaming over gRPC (``stream=False``).
+
+    It still uses the streaming RPC because a decoupled model answers only there.
+    """
+    from .grpc_transport import open_stream
+
+    return open_stream(url, prompt, params, model, timeout, stream=False).wait()

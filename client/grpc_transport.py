@@ -1,0 +1,170 @@
+"""gRPC transport: one request per tritonclient bidirectional stream.
+
+Separate from api.py so that tritonclient.grpc, grpcio and numpy load only when
+gRPC is used.
+"""
+
+from __future__ import annotations
+
+import codecs
+import queue
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from tritonclient.grpc import InferenceServerClient, InferInput
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+from .api import (
+    FINISH_REASON,
+    INPUT_DATATYPES,
+    OUTPUTS,
+    STOP_WORDS,
+    STREAM,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    Collector,
+    GenerationParams,
+    ServerError,
+    TextStream,
+)
+
+_TRITON_FINAL = "triton_final_response"
+
+
+def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
+                       stream: bool = True) -> list[Any]:
+    """tritonclient.grpc InferInputs of shape [1, 1] ([1, N] for stop_words)."""
+    values: dict[str, Any] = {TEXT_INPUT: [prompt.encode("utf-8")], STREAM: [stream]}
+    for name, value in (params or GenerationParams()).fields().items():
+        values[name] = [w.encode("utf-8") for w in value] if name == STOP_WORDS else [value]
+    inputs = []
+    for name, row in values.items():
+        datatype = INPUT_DATATYPES[name]
+        array = np.array([row], dtype=triton_to_np_dtype(datatype))
+        tensor = InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def outputs_from_infer_result(result: Any, decoder: codecs.IncrementalDecoder | None = None,
+                              final: bool = False) -> dict[str, Any]:
+    """Known outputs of one tritonclient InferResult.
+
+    An incremental decoder keeps a UTF-8 character split across two streamed
+    pieces intact.
+    """
+    decoder = decoder or codecs.getincrementaldecoder("utf-8")("replace")
+    out: dict[str, Any] = {}
+    for name in OUTPUTS:
+        array = result.as_numpy(name)
+        if array is None or array.size == 0:
+            continue
+        flat = array.reshape(-1)
+        if name == TEXT_OUTPUT:
+            out[name] = decoder.decode(b"".join(_as_bytes(v) for v in flat), final)
+        elif name == FINISH_REASON:
+            out[name] = _as_bytes(flat[0]).decode("utf-8", "replace")
+        else:
+            out[name] = flat[0].item()
+    return out
+
+
+def _grpc_address(url: str) -> str:
+    return urlsplit(url).netloc if "://" in url else url
+
+
+class _GrpcStream(TextStream):
+    """One request on a tritonclient gRPC bidirectional stream.
+
+    Responses arrive on tritonclient's thread and are handed over through a
+    queue; the empty final response (``triton_final_response``) ends it.
+    """
+
+    def __init__(self, client: Any, model: str, inputs: list[Any], timeout: float | None,
+                 streamed: bool, collector: Collector) -> None:
+        super().__init__(collector, streamed)
+        self._client = client
+        self._timeout = timeout
+        self._queue: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._final = False
+        self._closed = False
+        client.start_stream(callback=self._on_response)
+        try:
+            client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
+                                      enable_empty_final_response=True)
+        except Exception:
+            cause = self._reported_error()
+            if cause is not None:
+                raise cause from None
+            raise
+
+    def _reported_error(self) -> Any:
+        """The error that broke the stream before the request was sent.
+
+        tritonclient hands the cause (e.g. UNAVAILABLE) only to the callback;
+        its own exception merely says the stream is no longer valid.
+        """
+        try:
+            return self._queue.get(timeout=1.0)[1]
+        except queue.Empty:
+            return None
+
+    def _on_response(self, result: Any, error: Any) -> None:
+        self._queue.put((result, error))
+
+    def _receive(self) -> dict[str, Any] | None:
+        if self._final:
+            return None
+        try:
+            result, error = self._queue.get(timeout=self._timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no response from the server within {self._timeout} s") from None
+        if result is None and error is None:
+            return None
+        if error is not None:
+            raise ServerError(error.message(), error.status())
+        params = result.get_response().parameters
+        self._final = _TRITON_FINAL in params and params[_TRITON_FINAL].bool_param
+        return outputs_from_infer_result(result, self._decoder, self._final)
+
+    def _close(self, cancel_requests: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._client.stop_stream(cancel_requests=cancel_requests)
+            finally:
+                self._client.close()
+
+    def _abort(self) -> None:
+        """Cancel, then wake a reader that may be waiting in another thread."""
+        self._close(cancel_requests=True)
+        self._queue.put((None, None))
+
+    def _release(self) -> None:
+        self._close(cancel_requests=False)
+
+
+def open_stream(url: str, prompt: str, params: GenerationParams | None, model: str,
+                timeout: float | None, stream: bool) -> TextStream:
+    """Send one request on a new gRPC stream; ``stream`` is the model's input."""
+    collector = Collector()
+    inputs = build_infer_inputs(prompt, params, stream)
+    client = InferenceServerClient(_grpc_address(url))
+    try:
+        return _GrpcStream(client, model, inputs, timeout, stream, collector)
+    except InferenceServerException as e:
+        client.close()
+        raise ServerError(e.message(), e.status()) from e
+    except BaseException:
+        client.close()
+        raise
