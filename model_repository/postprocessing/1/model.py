@@ -1,0 +1,35 @@
+"""postprocessing: the text that a response's new ids add (whole UTF-8 characters only)."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+from specdec import names
+from specdec.serving.adapter import error_response, parameters, read_inputs
+from specdec.serving.detokenize import piece
+from specdec.serving.settings import tokenizer_path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = tokenizer_path(parameters(json.loads(args["model_config"])))
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                i = read_inputs(pb_utils, request,
+                                (names.OUTPUT_IDS, names.PREFIX_LENGTH, names.IS_FINAL))
+                text = piece(self._decode, i[names.OUTPUT_IDS].reshape(-1).tolist(),
+                             int(i[names.PREFIX_LENGTH].reshape(-1)[0]),
+                             bool(i[names.IS_FINAL].reshape(-1)[0]))
+                out = pb_utils.Tensor(names.TEXT_OUTPUT, np.array([text.encode()], object))
+                responses.append(pb_utils.InferenceResponse([out]))
+            except Exception as exc:
+                responses.append(error_response(pb_utils, exc))
+        return responses

@@ -1,0 +1,35 @@
+"""preprocessing: tokenizes the prompt and the stop words; bad text is this request's error."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+from specdec import names
+from specdec.serving.adapter import error_response, parameters, read_inputs
+from specdec.serving.requests import parse_stop_words, parse_text
+from specdec.serving.settings import tokenizer_path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = tokenizer_path(parameters(json.loads(args["model_config"])))
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+    def execute(self, requests):
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        try:
+            inputs = read_inputs(pb_utils, request, (names.TEXT_INPUT, names.STOP_WORDS))
+            ids = self.tokenizer(parse_text(inputs))["input_ids"]
+            stops = [self.tokenizer(w, add_special_tokens=False)["input_ids"]
+                     for w in parse_stop_words(inputs)]
+        except Exception as exc:
+            return error_response(pb_utils, exc)
+        out = {
+            names.INPUT_IDS: np.array(ids, np.int32),
+            names.STOP_IDS: np.array([t for s in stops for t in s], np.int32),
+            names.STOP_LENGTHS: np.array([len(s) for s in stops], np.int32),
+        }
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in out.items()])

@@ -1,0 +1,30 @@
+"""speculative_decoding: decoupled BLS orchestrator over draft_model and target_model."""
+import asyncio
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from specdec.config import ModelArgs
+from specdec.serving.adapter import parameters
+from specdec.serving.bls import BlsDrafter, BlsVerifier
+from specdec.serving.orchestrator import Orchestrator
+from specdec.serving.settings import OrchestratorSettings
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        settings = OrchestratorSettings.parse(parameters(json.loads(args["model_config"])))
+        eos = ModelArgs.from_dir(settings.target_model_path).eos_token_ids
+        # Triton requires a MetricFamily to outlive its metrics: keep it on the instance.
+        self.active_family = pb_utils.MetricFamily(
+            name="specdec_active_sequences",
+            description="Sequences being generated now (KV slots held in draft and target)",
+            kind=pb_utils.MetricFamily.GAUGE)
+        active = self.active_family.Metric(labels={"model": args["model_name"]})
+        self.orchestrator = Orchestrator(pb_utils, settings, eos, BlsDrafter(pb_utils),
+                                         BlsVerifier(pb_utils), active)
+
+    async def execute(self, requests):
+        # Decoupled + async: responses go through each request's sender as they are made.
+        await asyncio.gather(*(self.orchestrator.handle(r) for r in requests))
+        return None

@@ -1,0 +1,63 @@
+"""Glue shared by the model.py files. `pb` is triton_python_backend_utils, passed in by them."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..config import CheckpointError
+from ..kv_cache import SlotError
+from .requests import InvalidInput
+
+log = logging.getLogger("specdec")
+
+
+class ModelCallError(RuntimeError):
+    """A BLS call failed; `unavailable` when the model was out of sequence slots."""
+
+    def __init__(self, message: str, unavailable: bool = False):
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+def read_inputs(pb, request, input_names) -> dict[str, np.ndarray]:
+    """The request's CPU inputs among `input_names` as numpy arrays; absent ones are left out."""
+    out = {}
+    for name in input_names:
+        t = pb.get_input_tensor_by_name(request, name)
+        if t is not None:
+            out[name] = t.as_numpy()
+    return out
+
+
+def read_torch(pb, request, name: str) -> torch.Tensor | None:
+    """An input as a torch tensor on whatever device it arrived on (DLPack, no copy)."""
+    t = pb.get_input_tensor_by_name(request, name)
+    return None if t is None else torch.from_dlpack(t.to_dlpack())
+
+
+def torch_output(pb, name: str, t: torch.Tensor):
+    return pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(t.contiguous()))
+
+
+def triton_error(pb, exc: BaseException):
+    """Map our exceptions to Triton error codes (HTTP 400 / 503 / 500)."""
+    codes = pb.TritonError
+    if isinstance(exc, InvalidInput):
+        code = codes.INVALID_ARG
+    elif getattr(exc, "unavailable", False):
+        code = codes.UNAVAILABLE
+    else:
+        code = codes.INTERNAL
+        if not isinstance(exc, (SlotError, ModelCallError, CheckpointError)):
+            log.exception("request failed", exc_info=exc)
+    return pb.TritonError(str(exc), code)
+
+
+def error_response(pb, exc: BaseException):
+    return pb.InferenceResponse(output_tensors=[], error=triton_error(pb, exc))
+
+
+def parameters(model_config: dict) -> dict:
+    return model_config.get("parameters", {}) or {}

@@ -1,0 +1,58 @@
+"""Drafter and Verifier over Triton BLS: one async call to draft_model, one to target_model."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import names
+from ..engine import Proposal, ProposeCall, Verdict, VerifyCall
+from . import calls
+from .adapter import ModelCallError
+
+
+class _Model:
+    def __init__(self, pb, model_name: str):
+        self.pb, self.name = pb, model_name
+
+    async def call(self, inputs: dict[str, np.ndarray], outputs: list[str], extra=()):
+        pb = self.pb
+        tensors = [pb.Tensor(n, v) for n, v in inputs.items()] + list(extra)
+        request = pb.InferenceRequest(model_name=self.name, inputs=tensors,
+                                      requested_output_names=outputs)
+        response = await request.async_exec()
+        if response.has_error():
+            err = response.error()
+            unavailable = err.code() == pb.TritonError.UNAVAILABLE
+            raise ModelCallError(f"{self.name}: {err.message()}", unavailable)
+        return response
+
+    def output(self, response, name: str) -> np.ndarray:
+        return self.pb.get_output_tensor_by_name(response, name).as_numpy()
+
+    async def release(self, seq_id: int) -> None:
+        await self.call(calls.release_inputs(seq_id), [])
+
+
+class BlsDrafter(_Model):
+    def __init__(self, pb, model_name: str = names.DRAFT_MODEL):
+        super().__init__(pb, model_name)
+
+    async def propose(self, call: ProposeCall) -> Proposal:
+        greedy = call.sampling.greedy
+        outputs = [names.DRAFT_TOKENS] + ([] if greedy else [names.DRAFT_PROBS])
+        response = await self.call(calls.propose_inputs(call), outputs)
+        tokens = self.output(response, names.DRAFT_TOKENS).reshape(-1).tolist()
+        # The probabilities stay a Triton tensor (on the draft's device) until the target reads them.
+        probs = None if greedy else self.pb.get_output_tensor_by_name(response, names.DRAFT_PROBS)
+        return Proposal(tokens, probs)
+
+
+class BlsVerifier(_Model):
+    def __init__(self, pb, model_name: str = names.TARGET_MODEL):
+        super().__init__(pb, model_name)
+
+    async def verify(self, call: VerifyCall) -> Verdict:
+        extra = [] if call.draft_probs is None else [call.draft_probs]
+        response = await self.call(calls.verify_inputs(call),
+                                   [names.OUTPUT_IDS, names.NUM_ACCEPTED], extra)
+        tokens = self.output(response, names.OUTPUT_IDS).reshape(-1).tolist()
+        return Verdict(tokens, int(self.output(response, names.NUM_ACCEPTED).reshape(-1)[0]))

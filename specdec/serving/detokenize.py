@@ -1,0 +1,29 @@
+"""Streaming-safe detokenization between a stateless postprocessing step and the orchestrator.
+
+Each streamed response carries the last few shown ids plus the new ones (`window`), and how many
+of them were shown before. The text of a token list is its decode with any trailing U+FFFD cut
+(an incomplete UTF-8 character, or a byte-fallback piece, waiting for its next token), except on
+the final response. Because shown text is always such a cut prefix, each piece is the new text's
+difference from the old: multi-byte characters split across tokens come out whole, once.
+"""
+from __future__ import annotations
+
+WINDOW = 8  # ids of context before the new ones: enough for any UTF-8 character to complete
+
+
+def window(shown: list[int], new: list[int]) -> tuple[list[int], int]:
+    """Orchestrator side: (ids to send, how many of them were shown before)."""
+    start = max(0, len(shown) - WINDOW)
+    return shown[start:] + new, len(shown) - start
+
+
+def _cut(text: str) -> str:
+    return text.rstrip("\ufffd")
+
+
+def piece(decode, ids: list[int], prefix_length: int, is_final: bool) -> str:
+    """Postprocessing side: the text that `ids[prefix_length:]` add. decode: ids -> str."""
+    full = decode(ids)
+    full = full if is_final else _cut(full)
+    before = _cut(decode(ids[:prefix_length])) if prefix_length else ""
+    return full[len(before):]

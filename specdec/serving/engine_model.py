@@ -1,0 +1,86 @@
+"""draft_model and target_model: a batch of Triton requests -> one batched Engine call.
+
+Each request is one sequence's call (or a release). Bad calls get their own error response;
+the rest of the batch runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import names
+from ..config import ModelArgs
+from ..engine import Engine, Proposal, Verdict
+from . import calls
+from .adapter import error_response, parameters, read_inputs, read_torch, torch_output
+from .settings import EngineSettings
+
+_COMMON = (names.SEQUENCE_ID, names.START_POSITION, names.TOKENS, names.TEMPERATURE,
+           names.TOP_K, names.TOP_P, names.SEED, names.RELEASE)
+
+
+class _EngineModel:
+    role = ""
+    inputs: tuple[str, ...] = _COMMON
+
+    def __init__(self, pb, model_config: dict):
+        self.pb = pb
+        s = EngineSettings.parse(parameters(model_config), self.role)
+        vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
+        self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
+                                  s.torch_device(), vocab_size=vocab)
+        self.settings = s
+
+    def execute(self, requests) -> list:
+        pb = self.pb
+        responses: list = [None] * len(requests)
+        work, todo = [], []
+        for i, request in enumerate(requests):
+            try:
+                inputs = read_inputs(pb, request, self.inputs)
+                if calls.is_release(inputs):
+                    self.engine.release([calls.sequence_id(inputs)])
+                    responses[i] = pb.InferenceResponse(output_tensors=[])
+                    continue
+                work.append(self.parse(inputs, request))
+                todo.append(i)
+            except Exception as exc:
+                responses[i] = error_response(pb, exc)
+        for i, result in zip(todo, self.run(work) if work else []):
+            if isinstance(result, Exception):
+                responses[i] = error_response(pb, result)
+            else:
+                responses[i] = pb.InferenceResponse(output_tensors=self.outputs(result, requests[i]))
+        return responses
+
+
+class DraftModel(_EngineModel):
+    role = "draft"
+    inputs = _COMMON + (names.NUM_DRAFT_TOKENS,)
+
+    def parse(self, inputs, request):
+        return calls.propose_call(inputs)
+
+    def run(self, work):
+        return self.engine.propose(work)
+
+    def outputs(self, p: Proposal, request) -> list:
+        out = [self.pb.Tensor(names.DRAFT_TOKENS, np.array([p.tokens], np.int32))]
+        if p.probs is not None and names.DRAFT_PROBS in request.requested_output_names():
+            out.append(torch_output(self.pb, names.DRAFT_PROBS, p.probs[None].float()))
+        return out
+
+
+class TargetModel(_EngineModel):
+    role = "target"
+    inputs = _COMMON + (names.DRAFT_TOKENS,)
+
+    def parse(self, inputs, request):
+        probs = read_torch(self.pb, request, names.DRAFT_PROBS)
+        return calls.verify_call(inputs, None if probs is None else probs[0])
+
+    def run(self, work):
+        return self.engine.verify(work)
+
+    def outputs(self, v: Verdict, request) -> list:
+        return [self.pb.Tensor(names.OUTPUT_IDS, np.array([v.tokens], np.int32)),
+                self.pb.Tensor(names.NUM_ACCEPTED, np.array([[v.num_accepted]], np.int32))]

@@ -1,0 +1,93 @@
+"""Run the real tritonserver from the nvidia-pytriton wheel on this machine, CPU or GPU.
+
+The wheel ships tritonserver, the Python backend and one backend stub per Python version. The
+stub matching this interpreter goes beside libtriton_python.so; the wheel's bundled libraries go
+on LD_LIBRARY_PATH; this virtual environment's bin goes first on PATH so the stub finds the
+packages installed here (torch, transformers, specdec).
+
+    python -m specdec.serving.launch [--model-repository DIR] [--http-port 8000] ...
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+from .settings import REPO_ROOT
+
+
+def pytriton_root() -> Path:
+    import pytriton  # the nvidia-pytriton wheel
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def prepare_backends(dest: Path) -> Path:
+    """A backend directory whose python backend has the stub for this Python version."""
+    root = pytriton_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise SystemExit(f"{stub}: no Python backend stub for Python {version} in nvidia-pytriton")
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for f in (root / "backends" / "python").iterdir():
+        if f.is_file():
+            shutil.copy2(f, python_dir / f.name)
+    shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+    return dest
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    libs = [Path(sysconfig.get_paths()["purelib"]) / "nvidia_pytriton.libs"]
+    # The stub links libpython3.X.so: take this interpreter's, not another build of the same
+    # minor version elsewhere on the system (their extension modules' symbols differ).
+    libdir = Path(sysconfig.get_config_var("LIBDIR") or "")
+    if (libdir / str(sysconfig.get_config_var("LDLIBRARY") or "-")).exists():
+        libs.insert(0, libdir)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(p) for p in libs] + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # Draft and target run in separate stub processes; OpenMP threads that spin after each op
+    # steal the cores the other model needs next (measured 3x slower rounds on 2 CPU cores).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def command(model_repository: Path, backend_dir: Path, http: int, grpc: int, metrics: int,
+            extra: list[str] = ()) -> list[str]:
+    return [
+        str(pytriton_root() / "bin" / "tritonserver"),
+        f"--model-repository={model_repository}",
+        f"--backend-directory={backend_dir}",
+        f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+        # Draft probabilities ([K, V] fp32 per sequence) travel through shared memory.
+        "--backend-config=python,shm-default-byte-size=16777216",
+        "--backend-config=python,shm-growth-byte-size=16777216",
+        "--log-verbose=0",
+        *extra,
+    ]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    ap.add_argument("--backend-directory", type=Path, default=REPO_ROOT / ".triton" / "backends")
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    args, extra = ap.parse_known_args(argv)
+    backends = prepare_backends(args.backend_directory)
+    cmd = command(args.model_repository.resolve(), backends.resolve(), args.http_port,
+                  args.grpc_port, args.metrics_port, extra)
+    print(f"tritonserver: HTTP localhost:{args.http_port}  gRPC localhost:{args.grpc_port}  "
+          f"metrics localhost:{args.metrics_port}/metrics  repository {args.model_repository}",
+          flush=True)
+    os.execve(cmd[0], cmd, environment())
+
+
+if __name__ == "__main__":
+    main()

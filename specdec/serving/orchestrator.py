@@ -1,0 +1,98 @@
+"""The speculative_decoding model's request handling: admit, run the loop, stream, release.
+
+Decoupled: each request gets its responses through its own sender and always ends with the
+FINAL flag, after success, an error or a cancellation.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+
+import numpy as np
+
+from .. import names
+from ..loop import Chunk, speculate
+from . import detokenize
+from .adapter import read_inputs, triton_error
+from .requests import parse_request
+from .settings import OrchestratorSettings
+
+INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS, names.STREAM,
+          names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS)
+
+
+class Unavailable(RuntimeError):
+    unavailable = True
+
+
+class Orchestrator:
+    def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], drafter, verifier,
+                 active_gauge=None):
+        self.pb, self.settings, self.eos = pb, settings, eos
+        self.drafter, self.verifier = drafter, verifier
+        self.slots = asyncio.Semaphore(settings.max_sequences)
+        self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
+        self.active = 0
+        self.active_gauge = active_gauge
+
+    def _set_active(self, delta: int) -> None:
+        self.active += delta
+        if self.active_gauge is not None:
+            self.active_gauge.set(self.active)
+
+    async def handle(self, request) -> None:
+        pb = self.pb
+        sender = request.get_response_sender()
+        final_sent = False
+        try:
+            req, stream = parse_request(read_inputs(pb, request, INPUTS), self.settings, self.eos)
+            try:
+                await asyncio.wait_for(self.slots.acquire(), self.settings.queue_timeout_s)
+            except asyncio.TimeoutError:
+                raise Unavailable(f"all {self.settings.max_sequences} sequence slots stayed busy "
+                                  f"for {self.settings.queue_timeout_s}s; retry later") from None
+            self._set_active(+1)
+            try:
+                shown: list[int] = []
+                pending: list[int] = []
+
+                def emit(chunk: Chunk) -> None:
+                    nonlocal final_sent
+                    pending.extend(chunk.tokens)
+                    if stream or chunk.finish_reason:
+                        last = chunk.finish_reason is not None
+                        sender.send(self._response(shown, pending, chunk, last),
+                                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+                        final_sent = last
+                        shown.extend(pending)
+                        pending.clear()
+
+                await speculate(next(self.ids), req, self.drafter, self.verifier,
+                                self.settings.max_seq_len, emit, request.is_cancelled)
+            finally:
+                self._set_active(-1)
+                self.slots.release()
+        except Exception as exc:  # every failure becomes this request's error, never the model's
+            if not final_sent:
+                sender.send(pb.InferenceResponse(output_tensors=[], error=triton_error(pb, exc)),
+                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                final_sent = True
+        finally:
+            if not final_sent:
+                sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _response(self, shown: list[int], new: list[int], chunk: Chunk, last: bool):
+        pb, st = self.pb, chunk.stats
+        ids, prefix = detokenize.window(shown, new)
+        tensors = {
+            names.OUTPUT_IDS: np.array(ids, np.int32),
+            names.PREFIX_LENGTH: np.array([prefix], np.int32),
+            names.IS_FINAL: np.array([last], bool),
+            names.NUM_OUTPUT_TOKENS: np.array([st.num_output_tokens], np.int32),
+            names.TOTAL_DRAFT_TOKENS: np.array([st.total_draft_tokens], np.int32),
+            names.TOTAL_ACCEPTED_DRAFT_TOKENS: np.array([st.total_accepted_draft_tokens], np.int32),
+            names.ACCEPTANCE_RATE: np.array([st.acceptance_rate], np.float32),
+            names.FINISH_REASON: np.array([(chunk.finish_reason or "").encode()], object),
+        }
+        return pb.InferenceResponse(output_tensors=[pb.Tensor(n, v) for n, v in tensors.items()])

@@ -1,0 +1,108 @@
+"""Parse and validate one request's inputs, given as numpy arrays; errors name the field.
+
+Triton checks dtypes and ranks against config.pbtxt; this checks values. Every failure is an
+`InvalidInput` that the adapter returns for that request alone (HTTP 400 / INVALID_ARG).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from .. import names
+from ..loop import Request
+from ..sampling import SamplingParams
+from .settings import OrchestratorSettings
+
+
+class InvalidInput(ValueError):
+    pass
+
+
+def _scalar(inputs: dict, name: str, default):
+    value = inputs.get(name)
+    if value is None:
+        return default
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise InvalidInput(f"{name}: expected one value, got shape {list(arr.shape)}")
+    return arr.reshape(-1)[0].item()
+
+
+def decode_text(value, name: str = names.TEXT_INPUT) -> str:
+    """BYTES element -> str; refuses invalid UTF-8 rather than guessing."""
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{name}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def parse_text(inputs: dict) -> str:
+    arr = inputs.get(names.TEXT_INPUT)
+    if arr is None:
+        raise InvalidInput(f"{names.TEXT_INPUT}: missing")
+    arr = np.asarray(arr, dtype=object).reshape(-1)
+    if arr.size != 1:
+        raise InvalidInput(f"{names.TEXT_INPUT}: expected one string, got {arr.size}")
+    text = decode_text(arr[0])
+    if not text:
+        raise InvalidInput(f"{names.TEXT_INPUT}: empty")
+    return text
+
+
+def parse_stop_words(inputs: dict) -> list[str]:
+    arr = inputs.get(names.STOP_WORDS)
+    if arr is None:
+        return []
+    words = [decode_text(v, names.STOP_WORDS) for v in np.asarray(arr, dtype=object).reshape(-1)]
+    if any(not w for w in words):
+        raise InvalidInput(f"{names.STOP_WORDS}: empty stop word")
+    return words
+
+
+def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, ...]) -> tuple[Request, bool]:
+    """Orchestrator inputs -> (Request, stream)."""
+    prompt = np.asarray(inputs[names.INPUT_IDS]).reshape(-1).astype(np.int64).tolist()
+    if not prompt:
+        raise InvalidInput(f"{names.TEXT_INPUT}: tokenizes to nothing")
+    if len(prompt) >= settings.max_seq_len:
+        raise InvalidInput(f"{names.TEXT_INPUT}: prompt has {len(prompt)} tokens; the context "
+                           f"window is {settings.max_seq_len} (prompt + output)")
+    max_tokens = int(_scalar(inputs, names.MAX_TOKENS, settings.default_max_tokens))
+    if not 1 <= max_tokens <= settings.max_tokens_limit:
+        raise InvalidInput(f"{names.MAX_TOKENS}: {max_tokens} is outside "
+                           f"1..{settings.max_tokens_limit}")
+    temperature = float(_scalar(inputs, names.TEMPERATURE, 0.0))
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise InvalidInput(f"{names.TEMPERATURE}: {temperature} must be >= 0")
+    top_p = float(_scalar(inputs, names.TOP_P, 1.0))
+    if not 0 < top_p <= 1:
+        raise InvalidInput(f"{names.TOP_P}: {top_p} is outside (0, 1]")
+    top_k = int(_scalar(inputs, names.TOP_K, 0))
+    if top_k < 0:
+        raise InvalidInput(f"{names.TOP_K}: {top_k} must be >= 0 (0 = off)")
+    k = int(_scalar(inputs, names.NUM_DRAFT_TOKENS, settings.default_num_draft_tokens))
+    if not 0 <= k <= settings.max_draft_tokens:
+        raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside 0..{settings.max_draft_tokens}")
+    seed = _scalar(inputs, names.SEED, None)
+    seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) & (2**64 - 1)
+    stream = bool(_scalar(inputs, names.STREAM, False))
+    stop = _stop_sequences(inputs)
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    return Request(prompt, max_tokens, k, sampling, stop, eos), stream
+
+
+def _stop_sequences(inputs: dict) -> tuple[tuple[int, ...], ...]:
+    ids, lengths = inputs.get(names.STOP_IDS), inputs.get(names.STOP_LENGTHS)
+    if ids is None or lengths is None:
+        return ()
+    flat = np.asarray(ids).reshape(-1).tolist()
+    out, at = [], 0
+    for n in np.asarray(lengths).reshape(-1).tolist():
+        if n > 0:
+            out.append(tuple(flat[at:at + n]))
+        at += n
+    return tuple(out)

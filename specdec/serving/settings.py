@@ -1,0 +1,116 @@
+"""Model settings, parsed once in `initialize` from config.pbtxt parameters and the environment.
+
+Environment variables win over config.pbtxt, so one deployment setting (a Helm value, a
+`docker run -e`) reaches all models at once; a bad value fails the load with its name.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+ENV_PREFIX = "SPECDEC_"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TARGET = REPO_ROOT / "models" / "default" / "target"
+DEFAULT_DRAFT = REPO_ROOT / "models" / "default" / "draft"
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "float64": torch.float64}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _lookup(params: dict, name: str, env_name: str):
+    """The environment, then config.pbtxt `parameters` as Triton hands them to the backend."""
+    env = os.environ.get(env_name)
+    if env not in (None, ""):
+        return env, f"${env_name}"
+    raw = params.get(name)
+    if isinstance(raw, dict):
+        raw = raw.get("string_value")
+    return (raw if raw not in (None, "") else None), f"config.pbtxt parameter {name!r}"
+
+
+def _parse(cls, params: dict, env_names: dict[str, str] | None = None):
+    values = {}
+    for f in fields(cls):
+        env_name = (env_names or {}).get(f.name, ENV_PREFIX + f.name.upper())
+        raw, where = _lookup(params, f.name, env_name)
+        if raw is None:
+            continue
+        kind = type(f.default)
+        try:
+            values[f.name] = (raw.lower() in ("1", "true", "yes")) if kind is bool else kind(raw)
+        except ValueError:
+            raise SettingsError(f"{where}: {raw!r} is not a valid {kind.__name__}") from None
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """draft_model / target_model."""
+    model_path: str = ""
+    target_model_path: str = ""   # the draft reads the target's vocabulary size from it
+    max_sequences: int = 16       # KV slots: concurrent sequences
+    max_seq_len: int = 1024       # tokens per slot: prompt + output + draft lookahead
+    dtype: str = "auto"           # auto: bfloat16 on CUDA, float32 on the CPU
+    device: str = "auto"          # auto: cuda when available
+
+    @classmethod
+    def parse(cls, params: dict, role: str) -> "EngineSettings":
+        """role: "target" or "draft"; its path comes from $SPECDEC_TARGET_MODEL / _DRAFT_MODEL."""
+        s = _parse(cls, params, {"model_path": f"{ENV_PREFIX}{role.upper()}_MODEL",
+                                 "target_model_path": f"{ENV_PREFIX}TARGET_MODEL"})
+        path = s.model_path or str(DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT)
+        target = s.target_model_path or (path if role == "target" else str(DEFAULT_TARGET))
+        if s.dtype not in ("auto", *_DTYPES):
+            raise SettingsError(f"dtype {s.dtype!r}: expected auto or one of {', '.join(_DTYPES)}")
+        if s.max_sequences < 1 or s.max_seq_len < 2:
+            raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
+        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device)
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    """speculative_decoding."""
+    target_model_path: str = ""      # read for eos ids only; $SPECDEC_TARGET_MODEL
+    max_seq_len: int = 1024          # must equal draft_model's and target_model's
+    max_sequences: int = 16          # concurrent requests admitted; the rest wait
+    max_tokens_limit: int = 1024     # largest max_tokens a request may ask for
+    default_max_tokens: int = 64
+    max_draft_tokens: int = 8        # largest num_draft_tokens a request may ask for
+    default_num_draft_tokens: int = 4
+    queue_timeout_s: float = 30.0    # wait for a free sequence slot, then UNAVAILABLE
+
+    @classmethod
+    def parse(cls, params: dict) -> "OrchestratorSettings":
+        s = _parse(cls, params, {"target_model_path": ENV_PREFIX + "TARGET_MODEL"})
+        if not 0 <= s.default_num_draft_tokens <= s.max_draft_tokens:
+            raise SettingsError("default_num_draft_tokens must be within 0..max_draft_tokens")
+        if not 1 <= s.default_max_tokens <= s.max_tokens_limit:
+            raise SettingsError("default_max_tokens must be within 1..max_tokens_limit")
+        path = s.target_model_path or str(DEFAULT_TARGET)
+        return cls(**{**s.__dict__, "target_model_path": path})
+
+
+def tokenizer_path(params: dict) -> str:
+    """preprocessing / postprocessing: $SPECDEC_TOKENIZER, else the target model's directory."""
+    raw, _ = _lookup(params, "tokenizer_path", ENV_PREFIX + "TOKENIZER")
+    if raw:
+        return raw
+    raw, _ = _lookup(params, "target_model_path", ENV_PREFIX + "TARGET_MODEL")
+    return raw or str(DEFAULT_TARGET)
