@@ -95,12 +95,22 @@ class _Output:
         return new
 
 
+@dataclass(frozen=True)
+class Round:
+    k: int            # tokens drafted
+    accepted: int     # of those, accepted
+    draft_s: float
+    verify_s: float
+
+
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
                     max_len: int, emit: Callable[[Chunk], Awaitable[None] | None],
-                    cancelled: Callable[[], bool] = lambda: False) -> Stats:
+                    cancelled: Callable[[], bool] = lambda: False,
+                    on_round: Callable[[Round], None] | None = None) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
+    on_round: observes every round (metrics).
     """
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
@@ -135,6 +145,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             stats.accepted_per_round.append(m)
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
+            if on_round is not None:
+                on_round(Round(k, m, t1 - t0, t2 - t1))
             out.extend(verdict.tokens)
             stats.num_output_tokens = len(out.tokens)
             new = out.take()

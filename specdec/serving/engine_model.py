@@ -29,8 +29,24 @@ class _EngineModel:
         self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
                                   s.torch_device(), vocab_size=vocab)
         self.settings = s
+        # Triton requires a MetricFamily to outlive its metrics: keep both on the instance.
+        self.slots_family = pb.MetricFamily(
+            name="specdec_kv_slots_used", description="KV cache slots holding a sequence",
+            kind=pb.MetricFamily.GAUGE)
+        self.slots_used = self.slots_family.Metric(labels={"model": f"{self.role}_model"})
+        self.slots_total_family = pb.MetricFamily(
+            name="specdec_kv_slots_total", description="KV cache slots (max_sequences)",
+            kind=pb.MetricFamily.GAUGE)
+        self.slots_total = self.slots_total_family.Metric(labels={"model": f"{self.role}_model"})
+        self.slots_total.set(s.max_sequences)
 
     def execute(self, requests) -> list:
+        try:
+            return self._execute(requests)
+        finally:
+            self.slots_used.set(self.engine.pool.active)
+
+    def _execute(self, requests) -> list:
         pb = self.pb
         responses: list = [None] * len(requests)
         work, todo = [], []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from .. import names
 from ..loop import Chunk, speculate
 from . import detokenize
 from .adapter import read_inputs, triton_error
+from .metrics import Metrics
 from .requests import parse_request
 from .settings import OrchestratorSettings
 
@@ -28,23 +30,26 @@ class Unavailable(RuntimeError):
 
 class Orchestrator:
     def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], drafter, verifier,
-                 active_gauge=None):
+                 metrics: Metrics):
         self.pb, self.settings, self.eos = pb, settings, eos
         self.drafter, self.verifier = drafter, verifier
+        self.metrics = metrics
         self.slots = asyncio.Semaphore(settings.max_sequences)
         self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
         self.active = 0
-        self.active_gauge = active_gauge
 
     def _set_active(self, delta: int) -> None:
         self.active += delta
-        if self.active_gauge is not None:
-            self.active_gauge.set(self.active)
+        self.metrics.active.set(self.active)
 
     async def handle(self, request) -> None:
         pb = self.pb
         sender = request.get_response_sender()
         final_sent = False
+        finish = "error"
+        stats = None
+        last_time = time.perf_counter()
+        first = True
         try:
             req, stream = parse_request(read_inputs(pb, request, INPUTS), self.settings, self.eos)
             try:
@@ -58,7 +63,12 @@ class Orchestrator:
                 pending: list[int] = []
 
                 def emit(chunk: Chunk) -> None:
-                    nonlocal final_sent
+                    nonlocal final_sent, finish, stats, last_time, first
+                    now = time.perf_counter()
+                    if chunk.tokens:
+                        self.metrics.tokens(len(chunk.tokens), now - last_time, first)
+                        last_time, first = now, False
+                    finish, stats = chunk.finish_reason or finish, chunk.stats
                     pending.extend(chunk.tokens)
                     if stream or chunk.finish_reason:
                         last = chunk.finish_reason is not None
@@ -69,7 +79,8 @@ class Orchestrator:
                         pending.clear()
 
                 await speculate(next(self.ids), req, self.drafter, self.verifier,
-                                self.settings.max_seq_len, emit, request.is_cancelled)
+                                self.settings.max_seq_len, emit, request.is_cancelled,
+                                self.metrics.round)
             finally:
                 self._set_active(-1)
                 self.slots.release()
@@ -81,6 +92,7 @@ class Orchestrator:
         finally:
             if not final_sent:
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.metrics.finished(finish, stats)
 
     def _response(self, shown: list[int], new: list[int], chunk: Chunk, last: bool):
         pb, st = self.pb, chunk.stats

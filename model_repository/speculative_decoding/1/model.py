@@ -7,6 +7,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.config import ModelArgs
 from specdec.serving.adapter import parameters
 from specdec.serving.bls import BlsDrafter, BlsVerifier
+from specdec.serving.metrics import Metrics
 from specdec.serving.orchestrator import Orchestrator
 from specdec.serving.settings import OrchestratorSettings
 
@@ -15,14 +16,9 @@ class TritonPythonModel:
     def initialize(self, args):
         settings = OrchestratorSettings.parse(parameters(json.loads(args["model_config"])))
         eos = ModelArgs.from_dir(settings.target_model_path).eos_token_ids
-        # Triton requires a MetricFamily to outlive its metrics: keep it on the instance.
-        self.active_family = pb_utils.MetricFamily(
-            name="specdec_active_sequences",
-            description="Sequences being generated now (KV slots held in draft and target)",
-            kind=pb_utils.MetricFamily.GAUGE)
-        active = self.active_family.Metric(labels={"model": args["model_name"]})
+        metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens)
         self.orchestrator = Orchestrator(pb_utils, settings, eos, BlsDrafter(pb_utils),
-                                         BlsVerifier(pb_utils), active)
+                                         BlsVerifier(pb_utils), metrics)
 
     async def execute(self, requests):
         # Decoupled + async: responses go through each request's sender as they are made.

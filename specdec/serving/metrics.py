@@ -1,0 +1,95 @@
+"""The speculative metrics on Triton's Prometheus endpoint (port 8002), via the Python backend.
+
+Names are prefixed `specdec_`. Counters add up to the per-request statistics returned to
+clients: sum of `total_draft_tokens` = specdec_draft_tokens_total, and so on.
+"""
+from __future__ import annotations
+
+from ..loop import Round, Stats
+
+_LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+_RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+FINISH_REASONS = ("length", "eos", "stop", "cancelled", "error")
+
+
+class Metrics:
+    def __init__(self, pb, model: str, max_draft_tokens: int):
+        kinds = pb.MetricFamily
+        labels = {"model": model}
+        # Triton requires each MetricFamily to outlive its metrics: all are kept here.
+        self._families = []
+
+        def family(name, description, kind):
+            f = pb.MetricFamily(name=name, description=description, kind=kind)
+            self._families.append(f)
+            return f
+
+        def counter(name, description):
+            return family(name, description, kinds.COUNTER).Metric(labels=labels)
+
+        def histogram(name, description, buckets):
+            return family(name, description, kinds.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+
+        self.active = family("specdec_active_sequences",
+                             "Sequences being generated now (KV slots held in draft and target)",
+                             kinds.GAUGE).Metric(labels=labels)
+        self.draft_tokens = counter("specdec_draft_tokens_total", "Tokens proposed by the draft")
+        self.accepted_tokens = counter("specdec_accepted_tokens_total",
+                                       "Draft tokens accepted by the target")
+        self.rounds = counter("specdec_rounds_total", "Propose/verify rounds (target passes)")
+        self.output_tokens = counter("specdec_output_tokens_total", "Tokens returned to clients")
+        requests = family("specdec_requests_total", "Finished requests by finish reason",
+                          kinds.COUNTER)
+        self.requests = {r: requests.Metric(labels={**labels, "finish_reason": r})
+                         for r in FINISH_REASONS}
+        positions = family("specdec_accepted_at_position_total",
+                           "Rounds whose draft token at this position (1..K) was accepted",
+                           kinds.COUNTER)
+        proposed = family("specdec_drafted_at_position_total",
+                          "Rounds that drafted a token at this position (1..K)", kinds.COUNTER)
+        self.accepted_at = [positions.Metric(labels={**labels, "position": str(j + 1)})
+                            for j in range(max_draft_tokens)]
+        self.drafted_at = [proposed.Metric(labels={**labels, "position": str(j + 1)})
+                           for j in range(max_draft_tokens)]
+        self.acceptance_rate = histogram("specdec_request_acceptance_rate",
+                                         "Per-request accepted / drafted tokens", _RATE_BUCKETS)
+        self.accepted_per_round = histogram(
+            "specdec_accepted_tokens_per_round", "Draft tokens accepted in a round",
+            [float(j) for j in range(max_draft_tokens + 1)])
+        self.ttft = histogram("specdec_time_to_first_token_seconds",
+                              "Request arrival to its first output token", _LATENCY_BUCKETS)
+        self.itl = histogram("specdec_inter_token_latency_seconds",
+                             "Time between streamed chunks divided by their tokens",
+                             _LATENCY_BUCKETS)
+        self.draft_latency = histogram("specdec_draft_latency_seconds",
+                                       "One draft_model call (K tokens)", _LATENCY_BUCKETS)
+        self.verify_latency = histogram("specdec_verify_latency_seconds",
+                                        "One target_model call (K+1 positions)", _LATENCY_BUCKETS)
+        self.round_latency = histogram("specdec_round_latency_seconds",
+                                       "Draft + verify of one round", _LATENCY_BUCKETS)
+
+    def round(self, r: Round) -> None:
+        self.rounds.increment(1)
+        self.draft_tokens.increment(r.k)
+        self.accepted_tokens.increment(r.accepted)
+        for j in range(r.k):
+            self.drafted_at[j].increment(1)
+        for j in range(r.accepted):
+            self.accepted_at[j].increment(1)
+        if r.k:
+            self.accepted_per_round.observe(r.accepted)
+            self.draft_latency.observe(r.draft_s)
+        self.verify_latency.observe(r.verify_s)
+        self.round_latency.observe(r.draft_s + r.verify_s)
+
+    def tokens(self, n: int, since_last_s: float, first: bool) -> None:
+        self.output_tokens.increment(n)
+        if first:
+            self.ttft.observe(since_last_s)
+        elif n:
+            self.itl.observe(since_last_s / n)
+
+    def finished(self, reason: str, stats: Stats | None) -> None:
+        self.requests[reason if reason in self.requests else "error"].increment(1)
+        if stats is not None and stats.total_draft_tokens:
+            self.acceptance_rate.observe(stats.acceptance_rate)
