@@ -1,0 +1,99 @@
+"""specdec.serving.adapter and calls: error codes, tensor I/O, the BLS wire format; and that
+fake_pb is as strict as the parts of Triton these tests rely on."""
+import numpy as np
+import pytest
+import torch
+
+from specdec import names
+from specdec.config import CheckpointError
+from specdec.engine import ProposeCall, VerifyCall
+from specdec.kv_cache import SlotError
+from specdec.sampling import SamplingParams
+from specdec.serving import calls
+from specdec.serving.adapter import (ModelCallError, error_response, parameters, read_inputs,
+                                     read_torch, torch_output, triton_error)
+from specdec.serving.orchestrator import Unavailable
+from specdec.serving.requests import InvalidInput
+from tests.adapters import fake_pb
+
+E = fake_pb.TritonError
+
+
+@pytest.mark.parametrize("exc,code", [
+    (InvalidInput("top_p: bad"), E.INVALID_ARG),
+    (SlotError("all 4 sequence slots are in use", unavailable=True), E.UNAVAILABLE),
+    (ModelCallError("draft_model: full", unavailable=True), E.UNAVAILABLE),
+    (Unavailable("busy"), E.UNAVAILABLE),
+    (SlotError("sequence 3 is not open"), E.INTERNAL),
+    (ModelCallError("target_model: boom"), E.INTERNAL),
+    (CheckpointError("bad checkpoint"), E.INTERNAL),
+    (KeyError("tokens"), E.INTERNAL),
+])
+def test_error_codes(exc, code):
+    err = triton_error(fake_pb, exc)
+    assert err.code() == code and err.message() == str(exc)
+    response = error_response(fake_pb, exc)
+    assert response.has_error() and response.output_tensors() == []
+
+
+def test_read_inputs_leaves_absent_ones_out():
+    request = fake_pb.Request({"a": np.array([1], np.int32), "b": np.array([2.0], np.float32)})
+    got = read_inputs(fake_pb, request, ("a", "c"))
+    assert list(got) == ["a"] and got["a"].tolist() == [1]
+    assert read_torch(fake_pb, request, "c") is None
+
+
+def test_torch_tensors_travel_by_dlpack():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)[:, 1:]     # not contiguous
+    out = torch_output(fake_pb, names.DRAFT_PROBS, t)
+    assert out.name() == names.DRAFT_PROBS and out.shape() == [3, 3]
+    request = fake_pb.Request({})
+    request._inputs.append(out)
+    back = read_torch(fake_pb, request, names.DRAFT_PROBS)
+    assert torch.equal(back, t)
+
+
+def test_parameters():
+    assert parameters({}) == {} and parameters({"parameters": None}) == {}
+    assert parameters({"parameters": {"x": {"string_value": "1"}}}) == {"x": {"string_value": "1"}}
+
+
+def test_wire_format_round_trip_and_config_types():
+    s = SamplingParams(0.5, 7, 0.9, 2**64 - 5)
+    propose = ProposeCall(2**63 + 11, 5, [3, 4], 3, s)
+    verify = VerifyCall(2**63 + 11, 5, [3, 4], [8, 9], None, s)
+    p_in, v_in = calls.propose_inputs(propose), calls.verify_inputs(verify)
+    fake_pb.ModelConfig("draft_model").check_inputs([fake_pb.Tensor(n, v) for n, v in p_in.items()])
+    fake_pb.ModelConfig("target_model").check_inputs([fake_pb.Tensor(n, v) for n, v in v_in.items()])
+    fake_pb.ModelConfig("target_model").check_inputs(
+        [fake_pb.Tensor(n, v) for n, v in calls.release_inputs(9).items()])
+    back = calls.propose_call(p_in)
+    assert (back.seq_id, back.start, back.tokens, back.k) == (2**63 + 11, 5, [3, 4], 3)
+    assert back.sampling.seed == 2**64 - 5 and back.sampling.top_k == 7
+    assert back.sampling.temperature == pytest.approx(0.5) and back.sampling.top_p == pytest.approx(0.9)
+    v = calls.verify_call(v_in, None)
+    assert (v.seq_id, v.start, v.tokens, v.drafts, v.draft_probs) == (2**63 + 11, 5, [3, 4], [8, 9], None)
+    assert calls.verify_call(calls.verify_inputs(VerifyCall(1, 0, [3], [], None, s)), None).drafts == []
+    assert calls.is_release(calls.release_inputs(9)) and not calls.is_release(p_in)
+
+
+# --- the fake's own strictness
+
+def test_fake_sender_refuses_sends_after_final():
+    sender = fake_pb.Request({}).get_response_sender()
+    sender.send(fake_pb.InferenceResponse([]), flags=0)
+    sender.send(flags=fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(RuntimeError, match="closed"):
+        sender.send(flags=fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def test_fake_checks_config_types():
+    config = fake_pb.ModelConfig("speculative_decoding")
+    with pytest.raises(ValueError, match="TYPE_INT64"):
+        config.check_inputs([fake_pb.Tensor(names.INPUT_IDS, np.array([1], np.int64))])
+    with pytest.raises(ValueError, match="missing required"):
+        config.check_inputs([fake_pb.Tensor(names.MAX_TOKENS, np.array([1], np.int32))])
+    with pytest.raises(ValueError, match="shape"):
+        config.check_inputs([fake_pb.Tensor(names.INPUT_IDS, np.array([[1]], np.int32))])
+    with pytest.raises(TypeError):
+        fake_pb.Tensor("x", [1, 2])

@@ -1,0 +1,374 @@
+"""Orchestrator + BlsDrafter/BlsVerifier + DraftModel/TargetModel over tiny real checkpoints,
+wired through fake_pb: BLS requests reach the real engine models, batched per event-loop turn."""
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import names
+from specdec.engine import Engine, ProposeCall
+from specdec.local import LocalDrafter, LocalVerifier
+from specdec.loop import Request, speculate
+from specdec.sampling import SamplingParams
+from specdec.weights import load_model
+from tests.adapters import fake_pb
+from tests.adapters.conftest import MAX_SEQ_LEN, orchestrator_request, run_all
+
+FINAL = fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+PROMPTS = [[5, 17, 200, 33, 9], [40, 41, 42], list(range(60, 80)), [7]]
+
+
+def out(response, name):
+    return fake_pb.get_output_tensor_by_name(response, name).as_numpy()
+
+
+def finish_reason(response) -> str:
+    return out(response, names.FINISH_REASON)[0].decode()
+
+
+def output_ids(request) -> list[int]:
+    """The new ids of every response of a request, in order (ids after prefix_length)."""
+    ids = []
+    for r in request.sender.responses():
+        assert not r.has_error(), r.error().message()
+        ids += out(r, names.OUTPUT_IDS)[int(out(r, names.PREFIX_LENGTH)[0]):].tolist()
+    return ids
+
+
+def assert_one_final(request):
+    """Exactly one FINAL flag, on the last send."""
+    flags = [f for _, f in request.sender.sent]
+    assert flags and flags[-1] == FINAL and flags.count(FINAL) == 1, flags
+
+
+def assert_all_released(serving):
+    assert serving.draft.engine.pool.active == 0
+    assert serving.target.engine.pool.active == 0
+    assert serving.gauge.history and serving.gauge.history[-1] == 0
+
+
+def local_reference(checkpoints, prompt, max_tokens, k, sampling):
+    """The same request through the in-process loop (no Triton, no wire format)."""
+    target, draft = checkpoints
+    cpu = torch.device("cpu")
+    t = Engine(load_model(target, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu)
+    d = Engine(load_model(draft, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu,
+               vocab_size=t.model.args.vocab_size)
+    chunks = []
+    asyncio.run(speculate(1, Request(prompt, max_tokens, k, sampling), LocalDrafter(d),
+                          LocalVerifier(t), MAX_SEQ_LEN, chunks.append))
+    return [tok for c in chunks for tok in c.tokens]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.75])  # exact in float32, as on the wire
+def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, temperature):
+    orch = serving.orchestrator()
+    fields = dict(max_tokens=24, temperature=temperature, seed=1234, num_draft_tokens=3)
+    requests = [orchestrator_request(p, stream=s, **fields) for p in PROMPTS for s in (False, True)]
+    run_all(orch, requests)   # all eight concurrently: BLS calls of different sequences batch
+
+    for i, p in enumerate(PROMPTS):
+        plain, streamed = requests[2 * i], requests[2 * i + 1]
+        for r in (plain, streamed):
+            assert_one_final(r)
+        assert len(plain.sender.responses()) == 1
+        assert len(streamed.sender.responses()) > 2
+        ids = output_ids(plain)
+        assert len(ids) == 24
+        assert output_ids(streamed) == ids
+        assert ids == local_reference(checkpoints, p, 24, 3, SamplingParams(temperature, 0, 1.0, 1234))
+        last = streamed.sender.responses()[-1]
+        assert finish_reason(last) == "length" and bool(out(last, names.IS_FINAL)[0])
+        assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == 24
+        assert all(not out(r, names.IS_FINAL)[0] and finish_reason(r) == ""
+                   for r in streamed.sender.responses()[:-1])
+    # Draft and target saw batches of several sequences, not one call per request.
+    assert max(serving.draft_bls.batches) > 1 and max(serving.target_bls.batches) > 1
+    assert_all_released(serving)
+    assert max(serving.gauge.history) == 4          # orchestrator max_sequences: 4 at a time
+
+
+def test_stream_windows_overlap_the_shown_ids(serving):
+    orch = serving.orchestrator()
+    r = orchestrator_request(PROMPTS[0], stream=True, max_tokens=30, num_draft_tokens=2)
+    run_all(orch, [r])
+    shown = []
+    for resp in r.sender.responses():
+        ids = out(resp, names.OUTPUT_IDS).tolist()
+        prefix = int(out(resp, names.PREFIX_LENGTH)[0])
+        assert prefix == min(len(shown), 8)
+        assert ids[:prefix] == shown[len(shown) - prefix:]
+        shown += ids[prefix:]
+    assert len(shown) == 30
+    stats = r.sender.responses()[-1]
+    drafted = int(out(stats, names.TOTAL_DRAFT_TOKENS)[0])
+    accepted = int(out(stats, names.TOTAL_ACCEPTED_DRAFT_TOKENS)[0])
+    assert 0 < accepted < drafted   # the noisy draft is sometimes right, sometimes wrong
+    assert float(out(stats, names.ACCEPTANCE_RATE)[0]) == pytest.approx(accepted / drafted)
+
+
+def test_stop_and_eos(serving):
+    orch = serving.orchestrator()
+    probe = orchestrator_request(PROMPTS[1], max_tokens=12)
+    run_all(orch, [probe])
+    ids = output_ids(probe)
+    # A stop sequence of the 4th and 5th generated tokens: generation ends before them.
+    stop = orchestrator_request(PROMPTS[1], max_tokens=12, stop_ids=ids[3:5], stop_lengths=[2])
+    eos_orch = serving.orchestrator(eos=[ids[2]])
+    eos = orchestrator_request(PROMPTS[1], max_tokens=12, stream=True)
+    run_all(orch, [stop])
+    run_all(eos_orch, [eos])
+    assert finish_reason(stop.sender.responses()[-1]) == "stop"
+    first = next(j for j in range(len(ids)) if ids[j:j + 2] == ids[3:5])   # 3, or earlier
+    assert output_ids(stop) == ids[:first]
+    assert finish_reason(eos.sender.responses()[-1]) == "eos"
+    assert output_ids(eos) == ids[:ids.index(ids[2])]
+    for r in (stop, eos):
+        assert_one_final(r)
+    assert_all_released(serving)
+
+
+@pytest.mark.parametrize("fields,field", [
+    (dict(top_p=0.0), names.TOP_P),
+    (dict(max_tokens=0), names.MAX_TOKENS),
+    (dict(num_draft_tokens=99), names.NUM_DRAFT_TOKENS),
+    (dict(temperature=float("nan")), names.TEMPERATURE),
+])
+def test_invalid_input_is_one_final_invalid_arg(serving, fields, field):
+    orch = serving.orchestrator()
+    bad = orchestrator_request(PROMPTS[0], **fields)
+    good = orchestrator_request(PROMPTS[0], max_tokens=5)
+    run_all(orch, [bad, good])
+    assert_one_final(bad)
+    (resp,) = bad.sender.responses()
+    assert resp.has_error() and resp.error().code() == fake_pb.TritonError.INVALID_ARG
+    assert resp.error().message().startswith(field + ":")
+    assert len(output_ids(good)) == 5                    # the other request was unaffected
+    assert_all_released(serving)
+
+
+def test_prompt_filling_the_context_window_is_invalid_arg(serving):
+    orch = serving.orchestrator()
+    r = orchestrator_request(list(range(MAX_SEQ_LEN)))
+    run_all(orch, [r])
+    assert_one_final(r)
+    assert r.sender.responses()[0].error().code() == fake_pb.TritonError.INVALID_ARG
+    assert r.sender.responses()[0].error().message().startswith("text_input:")
+
+
+def test_output_stops_at_the_context_window(serving):
+    orch = serving.orchestrator(max_tokens_limit=200)
+    prompt = list(range(10, 10 + MAX_SEQ_LEN - 6))
+    r = orchestrator_request(prompt, max_tokens=200, stream=True, num_draft_tokens=4)
+    run_all(orch, [r])
+    assert_one_final(r)
+    ids = output_ids(r)
+    assert finish_reason(r.sender.responses()[-1]) == "length"
+    # The last token needs no cache slot: the window holds prompt + output - 1 tokens.
+    assert len(prompt) + len(ids) == MAX_SEQ_LEN + 1
+    assert_all_released(serving)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_cancelled_midway(serving, stream):
+    orch = serving.orchestrator()
+    target_calls = serving.target_bls.batches
+    # Cancelled once the first response went out (streaming), or after three target rounds.
+    if stream:
+        cancelled = lambda sender: len(sender.sent) >= 1   # noqa: E731
+    else:
+        cancelled = lambda sender: len(target_calls) >= 3  # noqa: E731
+    r = orchestrator_request(PROMPTS[2], max_tokens=40, stream=stream, num_draft_tokens=2,
+                             temperature=0.8, seed=5, cancelled=cancelled)
+    other = orchestrator_request(PROMPTS[0], max_tokens=40, stream=stream)
+    run_all(orch, [r, other])
+    assert_one_final(r)
+    last = r.sender.responses()[-1]
+    assert not last.has_error() and finish_reason(last) == "cancelled"
+    assert 0 < len(output_ids(r)) < 40
+    assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == len(output_ids(r))
+    assert len(output_ids(other)) == 40
+    assert_all_released(serving)
+
+
+def test_cancelled_before_start(serving):
+    orch = serving.orchestrator()
+    r = orchestrator_request(PROMPTS[0], cancelled=lambda sender: True)
+    run_all(orch, [r])
+    assert_one_final(r)
+    (resp,) = r.sender.responses()
+    assert finish_reason(resp) == "cancelled" and output_ids(r) == []
+    assert_all_released(serving)
+
+
+def test_admission_times_out_with_unavailable(serving):
+    orch = serving.orchestrator(max_sequences=1, queue_timeout_s=0.05)
+    second_done = None
+
+    async def hold_models_until_the_second_is_answered(request):
+        await second_done.wait()
+
+    def on_second_send(response, flags):
+        if flags & FINAL:
+            second_done.set()
+
+    first = orchestrator_request(PROMPTS[0], max_tokens=10, stream=True)
+    second = orchestrator_request(PROMPTS[1], max_tokens=10, on_send=on_second_send)
+
+    async def main():
+        nonlocal second_done
+        second_done = asyncio.Event()
+        fake_pb.before_exec = hold_models_until_the_second_is_answered
+        await asyncio.gather(orch.handle(first), orch.handle(second))
+
+    asyncio.run(main())
+    assert_one_final(second)
+    (err,) = second.sender.responses()
+    assert err.has_error() and err.error().code() == fake_pb.TritonError.UNAVAILABLE
+    assert "retry" in err.error().message()
+    assert_one_final(first)
+    assert len(output_ids(first)) == 10
+    assert serving.gauge.history == [1, 0]          # the second was never admitted
+    # The slot is free again: the next request is served.
+    fake_pb.before_exec = None
+    third = orchestrator_request(PROMPTS[1], max_tokens=4)
+    run_all(orch, [third])
+    assert len(output_ids(third)) == 4
+    assert_all_released(serving)
+
+
+def test_models_out_of_slots_answer_unavailable(serving):
+    """The orchestrator admits more sequences than the models hold: the extra one is refused by
+    draft_model, and that request alone fails with UNAVAILABLE."""
+    serving.build(engine_sequences=1)
+    orch = serving.orchestrator(max_sequences=2)
+    a = orchestrator_request(PROMPTS[0], max_tokens=6)
+    b = orchestrator_request(PROMPTS[1], max_tokens=6)
+    run_all(orch, [a, b])
+    for r in (a, b):
+        assert_one_final(r)
+    errors = [r.sender.responses()[0] for r in (a, b) if r.sender.responses()[0].has_error()]
+    assert len(errors) == 1
+    assert errors[0].error().code() == fake_pb.TritonError.UNAVAILABLE
+    assert errors[0].error().message().startswith("draft_model:")
+    ok = a if errors[0] is b.sender.responses()[0] else b
+    assert len(output_ids(ok)) == 6
+    assert_all_released(serving)
+
+
+def test_model_failure_is_internal_and_releases(serving):
+    """A BLS call that fails (the target's execute raises) ends the request with INTERNAL; the
+    draft's slot, already opened, is still released."""
+    orch = serving.orchestrator()
+
+    class Broken:
+        def execute(self, requests):
+            if not fake_pb.get_input_tensor_by_name(requests[0], names.RELEASE):
+                raise RuntimeError("target exploded")
+            return serving.target.execute(requests)
+
+    fake_pb.register("target_model", Broken(), fake_pb.ModelConfig("target_model"))
+    r = orchestrator_request(PROMPTS[0], max_tokens=6, stream=True)
+    run_all(orch, [r])
+    assert_one_final(r)
+    (resp,) = r.sender.responses()
+    assert resp.error().code() == fake_pb.TritonError.INTERNAL
+    assert "target exploded" in resp.error().message()
+    assert serving.draft_bls.batches            # the draft did open a slot ...
+    assert_all_released(serving)               # ... and it was released
+
+
+# --- draft_model / target_model execute() with several requests at once
+
+def engine_request(seq_id, start, tokens, requested, **extra):
+    inputs = {names.SEQUENCE_ID: np.array([[seq_id]], np.uint64),
+              names.START_POSITION: np.array([[start]], np.int32),
+              names.TOKENS: np.array([tokens], np.int32)}
+    inputs.update(extra)
+    return fake_pb.InferenceRequest("draft_model", [fake_pb.Tensor(n, v) for n, v in inputs.items()],
+                                    requested)
+
+
+def sampled(temperature=0.0, seed=0, k=3):
+    return {names.NUM_DRAFT_TOKENS: np.array([[k]], np.int32),
+            names.TEMPERATURE: np.array([[temperature]], np.float32),
+            names.SEED: np.array([[seed]], np.uint64)}
+
+
+def test_draft_batch_errors_are_per_request(serving):
+    draft = serving.draft
+    req = lambda seq, start, toks, **kw: engine_request(   # noqa: E731
+        seq, start, toks, [names.DRAFT_TOKENS, names.DRAFT_PROBS], **sampled(**kw))
+    batch = [
+        req(1, 0, [5, 6, 7], temperature=0.7, seed=3),
+        req(2, 4, [8]),                                   # never opened, start_position > 0
+        req(3, 0, [9, 10]),
+        req(3, 0, [9, 10]),                               # the same sequence twice in a batch
+        req(4, 0, [10**6]),                               # token id out of range
+        engine_request(5, 0, [1], []),                    # num_draft_tokens missing
+    ]
+    responses = draft.execute(batch)
+    assert len(responses) == len(batch)
+    ok = [not r.has_error() for r in responses]
+    assert ok == [True, False, True, False, False, False]
+    assert "not open" in responses[1].error().message()
+    assert "twice" in responses[3].error().message()
+    assert "out of range" in responses[4].error().message()
+    assert all(r.error().code() == fake_pb.TritonError.INTERNAL for r in responses if r.has_error())
+    fake_pb.ModelConfig("draft_model").check_outputs(responses[0].output_tensors())
+    tokens1 = out(responses[0], names.DRAFT_TOKENS)
+    probs1 = out(responses[0], names.DRAFT_PROBS)
+    tokens3 = out(responses[2], names.DRAFT_TOKENS)
+    assert tokens1.shape == (1, 3) and probs1.shape[:2] == (1, 3)
+    assert np.allclose(probs1.sum(-1), 1, atol=1e-4)
+    assert fake_pb.get_output_tensor_by_name(responses[2], names.DRAFT_PROBS) is None  # greedy
+    assert draft.engine.pool.active == 2                   # sequences 1 and 3
+
+    # Alone, in a fresh model, the good requests give the same drafts: the bad ones did not
+    # disturb the batch.
+    release = [engine_request(s, 0, [0], [], **{names.RELEASE: np.array([[True]])})
+               for s in (1, 3, 2)]
+    assert not any(r.has_error() for r in draft.execute(release))   # 2: release of unknown id
+    assert draft.engine.pool.active == 0
+    (alone1,) = draft.execute([batch[0]])
+    (alone3,) = draft.execute([batch[2]])
+    assert np.array_equal(out(alone1, names.DRAFT_TOKENS), tokens1)
+    assert np.allclose(out(alone1, names.DRAFT_PROBS), probs1, atol=1e-5)
+    assert np.array_equal(out(alone3, names.DRAFT_TOKENS), tokens3)
+
+
+def test_target_batch_errors_are_per_request(serving):
+    target = serving.target
+
+    def req(seq, start, toks, drafts=None):
+        inputs = {names.SEQUENCE_ID: np.array([[seq]], np.uint64),
+                  names.START_POSITION: np.array([[start]], np.int32),
+                  names.TOKENS: np.array([toks], np.int32)}
+        if drafts is not None:
+            inputs[names.DRAFT_TOKENS] = np.array([drafts], np.int32)
+        return fake_pb.InferenceRequest("target_model",
+                                        [fake_pb.Tensor(n, v) for n, v in inputs.items()],
+                                        [names.OUTPUT_IDS, names.NUM_ACCEPTED])
+
+    responses = target.execute([req(1, 0, [5, 6, 7], [8, 9]), req(2, 3, [4], [1]),
+                                req(3, 0, [11], [])])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert "not open" in responses[1].error().message()
+    for r in (responses[0], responses[2]):
+        fake_pb.ModelConfig("target_model").check_outputs(r.output_tensors())
+        m = int(out(r, names.NUM_ACCEPTED)[0, 0])
+        assert out(r, names.OUTPUT_IDS).shape == (1, m + 1)
+    assert target.engine.pool.active == 2
+
+
+def test_release_request_frees_the_slot(serving):
+    async def main():
+        drafter = serving.orchestrator().drafter
+        await drafter.propose(ProposeCall(77, 0, [1, 2, 3], 2, SamplingParams()))
+        assert serving.draft.engine.pool.active == 1
+        await drafter.release(77)
+        assert serving.draft.engine.pool.active == 0
+        await drafter.release(77)          # releasing twice is harmless
+
+    asyncio.run(main())

@@ -1,0 +1,188 @@
+"""specdec.serving.requests: every request field is validated, and each error names its field."""
+import math
+
+import numpy as np
+import pytest
+
+from specdec import names
+from specdec.serving.requests import (InvalidInput, decode_text, parse_request,
+                                      parse_stop_words, parse_text)
+from specdec.serving.settings import OrchestratorSettings
+
+SETTINGS = OrchestratorSettings(max_seq_len=32, max_sequences=2, max_tokens_limit=20,
+                                default_max_tokens=7, max_draft_tokens=5,
+                                default_num_draft_tokens=3)
+EOS = (2, 9)
+
+
+def inputs(prompt=(5, 6, 7), **fields):
+    """Request inputs shaped as Triton delivers them for speculative_decoding ([1] each)."""
+    out = {names.INPUT_IDS: np.array(prompt, np.int32)}
+    for name, value in fields.items():
+        out[name] = value if isinstance(value, np.ndarray) else np.array([value])
+    return out
+
+
+def test_defaults():
+    req, stream = parse_request(inputs(), SETTINGS, EOS)
+    assert req.prompt == [5, 6, 7] and all(type(t) is int for t in req.prompt)
+    assert req.max_tokens == SETTINGS.default_max_tokens == 7
+    assert req.num_draft_tokens == SETTINGS.default_num_draft_tokens == 3
+    assert req.sampling.temperature == 0.0 and req.sampling.greedy
+    assert req.sampling.top_k == 0 and req.sampling.top_p == 1.0
+    assert 0 <= req.sampling.seed < 2**64
+    assert req.stop == () and req.eos == EOS
+    assert stream is False
+
+
+def test_unseeded_requests_get_different_seeds():
+    seeds = {parse_request(inputs(), SETTINGS, EOS)[0].sampling.seed for _ in range(8)}
+    assert len(seeds) == 8
+
+
+def test_every_field():
+    req, stream = parse_request(inputs(
+        prompt=[1, 2, 3, 4],
+        max_tokens=np.array([20], np.int32), stream=np.array([True]),
+        temperature=np.array([0.7], np.float32), top_p=np.array([0.5], np.float32),
+        top_k=np.array([40], np.int32), seed=np.array([2**64 - 1], np.uint64),
+        num_draft_tokens=np.array([5], np.int32),
+        stop_ids=np.array([8, 9, 10, 11], np.int32), stop_lengths=np.array([1, 3], np.int32),
+    ), SETTINGS, EOS)
+    assert req.prompt == [1, 2, 3, 4]
+    assert req.max_tokens == 20 and req.num_draft_tokens == 5
+    assert req.sampling.temperature == pytest.approx(0.7) and not req.sampling.greedy
+    assert req.sampling.top_p == pytest.approx(0.5) and req.sampling.top_k == 40
+    assert req.sampling.seed == 2**64 - 1
+    assert req.stop == ((8,), (9, 10, 11))
+    assert stream is True
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_num_draft_tokens_bounds_accepted(k):
+    req, _ = parse_request(inputs(num_draft_tokens=np.array([k], np.int32)), SETTINGS, EOS)
+    assert req.num_draft_tokens == k
+
+
+def test_prompt_just_fits_the_context_window():
+    req, _ = parse_request(inputs(prompt=list(range(31))), SETTINGS, EOS)
+    assert len(req.prompt) == 31
+
+
+def test_stream_false_explicitly():
+    _, stream = parse_request(inputs(stream=np.array([False])), SETTINGS, EOS)
+    assert stream is False
+
+
+def test_seed_is_kept_and_stop_words_unpacked_with_zero_lengths_skipped():
+    req, _ = parse_request(inputs(seed=np.array([12345], np.uint64),
+                                  stop_ids=np.array([4, 5, 6, 7, 8, 9], np.int32),
+                                  stop_lengths=np.array([2, 0, 1, 3], np.int32)), SETTINGS, EOS)
+    assert req.sampling.seed == 12345
+    assert req.stop == ((4, 5), (6,), (7, 8, 9))
+
+
+def test_stop_ids_without_lengths_are_ignored():
+    req, _ = parse_request(inputs(stop_ids=np.array([4, 5], np.int32)), SETTINGS, EOS)
+    assert req.stop == ()
+
+
+def test_no_stop_words_from_preprocessing():
+    """preprocessing always sends stop_ids/stop_lengths; with no stop words both are empty."""
+    req, _ = parse_request(inputs(stop_ids=np.zeros(0, np.int32),
+                                  stop_lengths=np.zeros(0, np.int32)), SETTINGS, EOS)
+    assert req.stop == ()
+
+
+BAD = [
+    (dict(max_tokens=np.array([0], np.int32)), names.MAX_TOKENS),
+    (dict(max_tokens=np.array([-3], np.int32)), names.MAX_TOKENS),
+    (dict(max_tokens=np.array([21], np.int32)), names.MAX_TOKENS),
+    (dict(temperature=np.array([-0.1], np.float32)), names.TEMPERATURE),
+    (dict(temperature=np.array([np.nan], np.float32)), names.TEMPERATURE),
+    (dict(temperature=np.array([np.inf], np.float32)), names.TEMPERATURE),
+    (dict(top_p=np.array([0.0], np.float32)), names.TOP_P),
+    (dict(top_p=np.array([1.01], np.float32)), names.TOP_P),
+    (dict(top_p=np.array([np.nan], np.float32)), names.TOP_P),
+    (dict(top_k=np.array([-1], np.int32)), names.TOP_K),
+    (dict(num_draft_tokens=np.array([-1], np.int32)), names.NUM_DRAFT_TOKENS),
+    (dict(num_draft_tokens=np.array([6], np.int32)), names.NUM_DRAFT_TOKENS),
+    (dict(max_tokens=np.array([4, 5], np.int32)), names.MAX_TOKENS),
+    (dict(temperature=np.array([[0.5, 0.5]], np.float32)), names.TEMPERATURE),
+    (dict(seed=np.array([1, 2], np.uint64)), names.SEED),
+    (dict(stream=np.zeros(0, bool)), names.STREAM),
+]
+
+
+@pytest.mark.parametrize("fields,field", BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
+def test_invalid_field_is_named(fields, field):
+    with pytest.raises(InvalidInput) as e:
+        parse_request(inputs(**fields), SETTINGS, EOS)
+    assert str(e.value).startswith(field + ":"), str(e.value)
+
+
+def test_two_values_where_one_is_expected_reports_the_shape():
+    with pytest.raises(InvalidInput, match=r"max_tokens: expected one value, got shape \[2\]"):
+        parse_request(inputs(max_tokens=np.array([4, 5], np.int32)), SETTINGS, EOS)
+
+
+@pytest.mark.parametrize("length", [32, 40])
+def test_prompt_longer_than_the_context_window(length):
+    with pytest.raises(InvalidInput) as e:
+        parse_request(inputs(prompt=list(range(length))), SETTINGS, EOS)
+    msg = str(e.value)
+    assert msg.startswith(names.TEXT_INPUT + ":") and f"{length} tokens" in msg and "32" in msg
+
+
+def test_empty_prompt_ids():
+    with pytest.raises(InvalidInput, match="^text_input: tokenizes to nothing"):
+        parse_request(inputs(prompt=[]), SETTINGS, EOS)
+
+
+# --- text_input / stop_words, as preprocessing reads them (BYTES tensors of shape [1] / [-1])
+
+def test_parse_text_accepts_bytes_and_str():
+    assert parse_text({names.TEXT_INPUT: np.array(["héllo 世界 😀".encode()], object)}) == "héllo 世界 😀"
+    assert parse_text({names.TEXT_INPUT: np.array(["plain"], object)}) == "plain"
+
+
+@pytest.mark.parametrize("value,reason", [
+    (None, "missing"),
+    (np.array([b""], object), "empty"),
+    (np.array([""], object), "empty"),
+    (np.array([b"\xff\xfeabc"], object), "not valid UTF-8"),
+    (np.array(["é".encode()[:1]], object), "not valid UTF-8"),   # truncated character
+    (np.array([b"one", b"two"], object), "expected one string, got 2"),
+    (np.array([], object), "expected one string, got 0"),
+])
+def test_parse_text_rejects(value, reason):
+    given = {} if value is None else {names.TEXT_INPUT: value}
+    with pytest.raises(InvalidInput) as e:
+        parse_text(given)
+    assert str(e.value).startswith(names.TEXT_INPUT + ":") and reason in str(e.value)
+
+
+def test_utf8_error_reports_the_byte_offset():
+    with pytest.raises(InvalidInput, match=r"text_input: not valid UTF-8 \(.* at byte 3\)"):
+        parse_text({names.TEXT_INPUT: np.array([b"abc\x80def"], object)})
+
+
+def test_stop_words():
+    assert parse_stop_words({}) == []
+    words = np.array(["end".encode(), "終わり".encode(), "\n\n"], object)
+    assert parse_stop_words({names.STOP_WORDS: words}) == ["end", "終わり", "\n\n"]
+    with pytest.raises(InvalidInput, match="^stop_words: empty stop word"):
+        parse_stop_words({names.STOP_WORDS: np.array([b"end", b""], object)})
+    with pytest.raises(InvalidInput, match="^stop_words: not valid UTF-8"):
+        parse_stop_words({names.STOP_WORDS: np.array([b"\xc3"], object)})
+
+
+def test_decode_text_names_the_given_field():
+    assert decode_text(b"ok") == "ok" and decode_text("ok") == "ok"
+    with pytest.raises(InvalidInput, match="^custom: "):
+        decode_text(b"\xe2\x82", "custom")
+
+
+def test_nan_is_not_a_finite_temperature_even_as_python_float():
+    with pytest.raises(InvalidInput, match="^temperature:"):
+        parse_request(inputs(temperature=np.array([math.nan])), SETTINGS, EOS)
