@@ -151,10 +151,11 @@ def load_triton_model(name: str, monkeypatch):
     return module
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """The tiny models are far faster on one intra-op thread than on two threads fighting a busy
-    core (OpenMP spin-waits): 10-30x on a loaded 2-core machine. Restored after the session."""
+    core (OpenMP spin-waits): 10-30x on a loaded 2-core machine. Restored after each module, so
+    test suites outside tests/adapters keep their thread count."""
     import torch
 
     before = torch.get_num_threads()
