@@ -1,0 +1,219 @@
+"""The Dockerfile, read statically (no Docker engine needed) and checked against the code."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from specdec.serving import launch, settings
+
+from .helpers import (DOCKERFILE, REPO, args_of, build_args, cmd, copies, copy_destination,
+                      dockerfile, env, env_names_read_by_code, flag, normalize, pip_requirements)
+
+BASE = "nvcr.io/nvidia/tritonserver"
+IMAGE_PYTHON = "cp310"        # the 24.10 image's Python 3.10
+# Pins allowed to differ from constraints.txt, and why (the Dockerfile's comments say the same).
+CONSTRAINT_EXCEPTIONS = {
+    "torch": "the image takes the CUDA 12.6 build; constraints.txt pins the CPU test build",
+    "transformers": "constraints.txt's release needs Python >= 3.11; the image has 3.10",
+}
+
+
+def test_base_image_is_triton_with_a_pinned_tag():
+    froms = args_of("FROM")
+    assert froms, "no FROM"
+    for ref in froms:
+        image = ref.split()[0]
+        assert "$" not in image, f"FROM {image}: the tag must be written out, not an ARG"
+        name, _, tag = image.rpartition(":")
+        assert name == BASE, f"FROM {image}: expected {BASE}"
+        assert re.fullmatch(r"\d{2}\.\d{2}-py3", tag), f"FROM {image}: tag {tag!r} is not pinned"
+    assert froms[-1].split()[0] == f"{BASE}:24.10-py3"
+
+
+def test_every_copied_path_exists_and_is_in_the_build_context():
+    ignore = [p.strip() for p in (REPO / ".dockerignore").read_text().splitlines()
+              if p.strip() and not p.startswith("#")]
+    assert ".venv" in ignore and ".git" in ignore, "keep .venv and .git out of the build context"
+    pairs = copies()
+    assert len(pairs) >= 4
+    for sources, _ in pairs:
+        for src in sources:
+            rel = src.strip("/")
+            assert (REPO / rel).exists(), f"COPY {src}: no such path in the repository"
+            for pattern in ignore:
+                p = pattern.strip("/")
+                assert not (fnmatch.fnmatch(rel, p) or rel.startswith(p + "/")), \
+                    f"COPY {src} is excluded by .dockerignore pattern {pattern!r}"
+
+
+def test_copies_what_the_server_needs():
+    for path in ("specdec", "client", "pyproject.toml", "README.md", "model_repository",
+                 "models/default"):
+        copy_destination(path)   # raises when missing
+
+
+def test_project_is_installed_from_the_copied_sources_not_editable():
+    src = copy_destination("pyproject.toml").rstrip("/")
+    assert copy_destination("specdec") == f"{src}/specdec"
+    assert copy_destination("client") == f"{src}/client"
+    pattern = re.compile(rf"pip install\b[^&;]*\s{re.escape(src)}/?(\s|$)")
+    installs = [r for r in args_of("RUN") if pattern.search(r)]
+    assert len(installs) == 1, f"expected one RUN that pip-installs {src}"
+    (run,) = installs
+    assert "--no-deps" in run
+    assert not re.search(r"\s(-e|--editable)\s", run), "the image must not use an editable install"
+
+
+def test_runs_as_a_non_root_user():
+    steps = dockerfile()
+    users = [i for i, (w, _) in enumerate(steps) if w == "USER"]
+    assert users, "no USER: the server would run as root"
+    last = users[-1]
+    user = steps[last][1].split(":")[0]
+    assert user not in ("root", "0"), f"USER {steps[last][1]} is root"
+    assert last < max(i for i, (w, _) in enumerate(steps) if w == "CMD")
+
+
+def test_cmd_starts_tritonserver_on_the_copied_model_repository():
+    argv = cmd()
+    assert argv[0] == "tritonserver"
+    repo = flag(argv, "--model-repository")
+    assert repo is not None, "CMD has no --model-repository"
+    assert repo.rstrip("/") == copy_destination("model_repository")
+
+
+def test_cmd_has_launch_py_backend_config(monkeypatch):
+    """The Python backend shared-memory settings are the ones `make serve` uses."""
+    monkeypatch.setattr(launch, "pytriton_root", lambda: Path("/x"))
+    wanted = [a for a in launch.command(Path("/r"), Path("/b"), 8000, 8001, 8002)
+              if a.startswith("--backend-config=")]
+    assert "--backend-config=python,shm-default-byte-size=16777216" in wanted
+    argv = cmd()
+    for a in wanted:
+        assert a in argv, f"CMD lacks {a} (launch.py passes it)"
+
+
+def test_exposes_http_grpc_metrics():
+    ports = {int(p.split("/")[0]) for rest in args_of("EXPOSE") for p in rest.split()}
+    assert ports == {8000, 8001, 8002}
+    argv = cmd()
+    for name, default in (("--http-port", 8000), ("--grpc-port", 8001), ("--metrics-port", 8002)):
+        assert int(flag(argv, name) or default) in ports
+
+
+def test_env_names_are_read_by_the_code(monkeypatch):
+    names = {k for k in env() if k.startswith("SPECDEC_")}
+    assert {"SPECDEC_TARGET_MODEL", "SPECDEC_DRAFT_MODEL"} <= names
+    unknown = names - env_names_read_by_code(monkeypatch)
+    assert not unknown, f"the code never reads {sorted(unknown)}"
+
+
+def test_default_models_env_points_at_the_copied_pair():
+    """settings.py's default pair sits relative to a source checkout; the image names it."""
+    e = env()
+    root = copy_destination("models/default")
+    base = settings.REPO_ROOT / "models" / "default"
+    for var, default in (("SPECDEC_TARGET_MODEL", settings.DEFAULT_TARGET),
+                         ("SPECDEC_DRAFT_MODEL", settings.DEFAULT_DRAFT)):
+        assert e[var] == f"{root}/{default.relative_to(base).as_posix()}"
+
+
+def test_healthcheck_hits_ready_on_the_http_port():
+    (check,) = args_of("HEALTHCHECK")
+    assert "CMD" in check.split()
+    m = re.search(r"https?://(?:localhost|127\.0\.0\.1):(\d+)/v2/health/ready\b", check)
+    assert m, f"HEALTHCHECK {check!r} does not request /v2/health/ready"
+    assert int(m.group(1)) == int(flag(cmd(), "--http-port") or 8000)
+    assert "start-period" in check, "model loading needs a start period"
+
+
+def test_every_pip_install_is_pinned():
+    defaults = build_args()
+    for run in args_of("RUN"):
+        for command in re.split(r"&&|\|\||;", run):
+            words = command.split()
+            if "pip" not in words or "install" not in words:
+                continue
+            for w in words[words.index("install") + 1:]:
+                w = re.sub(r"\$\{(\w+)\}", lambda m: defaults.get(m.group(1), m.group(0)), w)
+                if w.startswith(("-", "/", ".", '"', "$", "http")):
+                    continue
+                assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][\w.+]*", w), f"{w!r} is not pinned"
+
+
+def test_pins_match_constraints_and_pyproject():
+    pins = pip_requirements()
+    for name in ("torch", "numpy", "safetensors", "tokenizers", "transformers"):
+        assert name in pins, f"the Dockerfile does not pin {name}"
+    constraints = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, _, version = line.partition("==")
+            constraints[normalize(name)] = version.strip()
+    differ = {n for n, v in pins.items() if n in constraints and constraints[n] != v}
+    assert differ <= set(CONSTRAINT_EXCEPTIONS), \
+        f"pins differ from constraints.txt: {sorted(differ - set(CONSTRAINT_EXCEPTIONS))}"
+    try:
+        import tomllib
+    except ModuleNotFoundError:   # Python 3.10
+        tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs Python 3.11+")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(r) for r in project["dependencies"]
+                    + project["optional-dependencies"]["serve"]]
+    for req in requirements:
+        if normalize(req.name) in pins:
+            assert Version(pins[normalize(req.name)]) in req.specifier, \
+                f"{req.name}=={pins[normalize(req.name)]} violates pyproject's {req}"
+
+
+def test_flash_attn_wheel_matches_torch_and_python():
+    url = build_args()["FLASH_ATTN_WHEEL"]
+    torch = Version(pip_requirements()["torch"])
+    m = re.search(r"flash_attn-[\w.]+(?:%2B|\+)cu12torch(\d+\.\d+)cxx11abi(TRUE|FALSE)-(cp\d+)-",
+                  url)
+    assert m, f"FLASH_ATTN_WHEEL {url!r} is not a flash-attn CUDA 12 wheel name"
+    assert m.group(1) == f"{torch.major}.{torch.minor}", "flash-attn built for another torch"
+    assert m.group(3) == IMAGE_PYTHON
+    # PyPI's torch builds use the C++11 ABI from 2.7 on.
+    assert m.group(2) == ("TRUE" if torch >= Version("2.7") else "FALSE")
+    assert url.startswith("https://github.com/Dao-AILab/flash-attention/releases/download/v")
+
+
+def _run_flash_attn_step(tmp_path, value):
+    (step,) = [r for r in args_of("RUN") if "FLASH_ATTN_WHEEL" in r]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n')
+    fake.chmod(0o755)
+    environ = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FLASH_ATTN_WHEEL": value}
+    done = subprocess.run(["/bin/sh", "-c", step], env=environ, capture_output=True, text=True)
+    return done, (log.read_text() if log.exists() else "")
+
+
+def test_flash_attn_step_is_skipped_when_the_arg_is_empty(tmp_path):
+    done, calls = _run_flash_attn_step(tmp_path, "")
+    assert done.returncode == 0, done.stderr
+    assert calls == ""
+
+
+def test_flash_attn_step_installs_the_arg(tmp_path):
+    url = build_args()["FLASH_ATTN_WHEEL"]
+    done, calls = _run_flash_attn_step(tmp_path, url)
+    assert done.returncode == 0, done.stderr
+    assert calls.split() == ["-m", "pip", "install", url]
+
+
+def test_dockerfile_has_no_stray_latest_or_add():
+    text = DOCKERFILE.read_text()
+    assert ":latest" not in text
+    assert not args_of("ADD"), "use COPY (ADD fetches URLs and unpacks archives)"

@@ -1,0 +1,269 @@
+"""The Helm chart: static checks that need no helm binary, then `helm lint` / `helm template`
+when a helm binary is on PATH."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specdec.serving import launch
+
+from .helpers import CHART, REPO, copy_destination, env_names_read_by_code
+
+yaml = pytest.importorskip("yaml")
+
+TEMPLATES = CHART / "templates"
+EXAMPLES = sorted((REPO / "deploy" / "helm" / "examples").glob("*.yaml"))
+VALUES_REF = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+ACTION = re.compile(r"\{\{-?(.*?)-?\}\}", re.S)
+BLOCK_OPENERS = {"if", "with", "range", "define", "block"}
+# Values whose keys are free-form Kubernetes objects: example files may add any key below them.
+FREE_FORM = {"resources", "podSecurityContext", "securityContext", "autoscaling.behavior"}
+
+
+def values() -> dict:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def template_files() -> list[Path]:
+    files = sorted(p for p in TEMPLATES.iterdir() if p.is_file())
+    assert files
+    return files
+
+
+def lookup(tree: dict, dotted: str):
+    node = tree
+    for key in dotted.strip(".").split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise KeyError(dotted)
+        node = node[key]
+    return node
+
+
+def test_chart_yaml():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == CHART.name
+    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"])
+    project = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert chart["appVersion"] == project.group(1), "appVersion should follow pyproject's version"
+
+
+def test_values_parse():
+    v = values()
+    assert isinstance(v, dict)
+    for key in ("image", "models", "specdec", "gpu", "shm", "service", "serviceMonitor",
+                "autoscaling", "probes"):
+        assert key in v, f"values.yaml lacks {key}"
+    assert v["serviceMonitor"]["enabled"] is False and v["autoscaling"]["enabled"] is False
+
+
+def test_every_values_reference_exists():
+    v = values()
+    refs = {(p.name, m.group(1)) for p in template_files()
+            for m in VALUES_REF.finditer(p.read_text())}
+    assert len(refs) > 20
+    missing = []
+    for name, ref in sorted(refs):
+        try:
+            lookup(v, ref)
+        except KeyError:
+            missing.append(f"{name}: .Values{ref}")
+    assert not missing, "referenced but not in values.yaml: " + ", ".join(missing)
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in TEMPLATES.iterdir()))
+def test_template_actions_are_balanced(path):
+    text = (TEMPLATES / path).read_text()
+    assert text.count("{{") == text.count("}}"), "unbalanced {{ }}"
+    depth = pos = 0
+    while (start := text.find("{{", pos)) != -1:
+        end = text.find("}}", start)
+        assert end != -1, f"{{{{ at offset {start} never closes"
+        assert text.find("{{", start + 2, end) == -1, f"{{{{ nested inside an action at {start}"
+        body = text[start + 2:end].strip("-").strip()
+        word = body.split()[0] if body.split() else ""
+        if word in BLOCK_OPENERS:
+            depth += 1
+        elif word == "end":
+            depth -= 1
+            assert depth >= 0, f"{{{{ end }}}} without a block at offset {start}"
+        pos = end + 2
+    assert depth == 0, f"{depth} block(s) never closed with {{{{ end }}}}"
+
+
+def test_includes_are_defined():
+    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    defined = set(re.findall(r'define\s+"([^"]+)"', helpers))
+    used = {name for p in template_files()
+            for name in re.findall(r'(?:include|template)\s+"([^"]+)"', p.read_text())}
+    assert used and used <= defined, f"undefined: {sorted(used - defined)}"
+
+
+def _keys(tree: dict, prefix=""):
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        yield dotted, value
+        if isinstance(value, dict) and dotted not in FREE_FORM:
+            yield from _keys(value, dotted + ".")
+
+
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLES])
+def test_example_values_use_only_known_keys(example):
+    v = values()
+    ex = yaml.safe_load((REPO / "deploy" / "helm" / "examples" / example).read_text())
+    unknown = []
+    for dotted, _ in _keys(ex):
+        parent = dotted.rpartition(".")[0]
+        if parent and isinstance(lookup(v, parent), dict) and not lookup(v, parent):
+            continue   # an empty {} default (labels, annotations): free-form
+        try:
+            lookup(v, dotted)
+        except KeyError:
+            unknown.append(dotted)
+    assert not unknown, f"{example}: not in values.yaml (a typo?): {unknown}"
+
+
+def test_examples_exist():
+    assert EXAMPLES, "deploy/helm/examples/ should hold at least the Llama example"
+
+
+def test_deployment_env_names_are_read_by_the_code(monkeypatch):
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    names = set(re.findall(r"-\s+name:\s+(SPECDEC_[A-Z0-9_]+)", text))
+    for needed in ("TARGET_MODEL", "DRAFT_MODEL", "DEFAULT_NUM_DRAFT_TOKENS", "MAX_SEQUENCES",
+                   "MAX_SEQ_LEN"):
+        assert f"SPECDEC_{needed}" in names
+    unknown = names - env_names_read_by_code(monkeypatch)
+    assert not unknown, f"the code never reads {sorted(unknown)}"
+
+
+def test_deployment_essentials():
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    assert "nvidia.com/gpu: {{ .Values.gpu.count }}" in text
+    for probe, path in (("startupProbe", "/v2/health/live"), ("readinessProbe", "/v2/health/ready"),
+                        ("livenessProbe", "/v2/health/live")):
+        m = re.search(rf"{probe}:\n\s+httpGet:\n\s+path: (\S+)\n\s+port: http\n", text)
+        assert m and m.group(1) == path, f"{probe} should GET {path} on the http port"
+    shm = re.search(r"- name: dshm\n\s+emptyDir:\n\s+medium: Memory\n\s+sizeLimit: (.+)\n", text)
+    assert shm and ".Values.shm.sizeLimit" in shm.group(1)
+    assert re.search(r"- name: dshm\n\s+mountPath: /dev/shm\n", text)
+    for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        assert re.search(rf"- name: {name}\n\s+containerPort: {port}\n", text)
+    assert "persistentVolumeClaim:" in text and "hostPath:" in text
+    # replicas belong to the HPA when autoscaling is on
+    assert re.search(r"if not \.Values\.autoscaling\.enabled \}\}\n\s+replicas:", text)
+
+
+def test_server_arguments_match_the_image(monkeypatch):
+    """Same model repository as the Dockerfile's CMD, same backend config as launch.py."""
+    v = values()
+    assert v["server"]["modelRepository"] == copy_destination("model_repository")
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    assert "- tritonserver\n" in text
+    assert "- --model-repository={{ .Values.server.modelRepository }}\n" in text
+    monkeypatch.setattr(launch, "pytriton_root", lambda: Path("/x"))
+    wanted = {a.rpartition("=")[0]: int(a.rpartition("=")[2])
+              for a in launch.command(Path("/r"), Path("/b"), 8000, 8001, 8002)
+              if a.startswith("--backend-config=python,shm-")}
+    assert wanted == {
+        "--backend-config=python,shm-default-byte-size": v["server"]["shmDefaultByteSize"],
+        "--backend-config=python,shm-growth-byte-size": v["server"]["shmGrowthByteSize"]}
+    for key in wanted:
+        assert f"- {key}={{{{ .Values.server." in text
+
+
+def test_service_ports():
+    v = values()["service"]
+    assert (v["httpPort"], v["grpcPort"], v["metricsPort"]) == (8000, 8001, 8002)
+    text = (TEMPLATES / "service.yaml").read_text()
+    for name in ("http", "grpc", "metrics"):
+        assert re.search(rf"- name: {name}\n\s+port: \{{\{{ \.Values\.service\.{name}Port \}}\}}\n"
+                         rf"\s+targetPort: {name}\n", text), f"service port {name}"
+
+
+def test_optional_resources_are_gated():
+    sm = (TEMPLATES / "servicemonitor.yaml").read_text()
+    assert sm.startswith("{{- if .Values.serviceMonitor.enabled }}")
+    assert "kind: ServiceMonitor" in sm and "port: metrics" in sm
+    hpa = (TEMPLATES / "hpa.yaml").read_text()
+    assert hpa.startswith("{{- if .Values.autoscaling.enabled }}")
+    assert "apiVersion: autoscaling/v2" in hpa and "kind: HorizontalPodAutoscaler" in hpa
+    assert re.search(r"- type: Pods\n\s+pods:\n\s+metric:\n\s+name: \{\{ \.Values\.autoscaling"
+                     r"\.metric\.name \}\}", hpa)
+    assert "type: AverageValue" in hpa
+
+
+def test_hpa_metric_is_one_the_server_exports():
+    name = values()["autoscaling"]["metric"]["name"]
+    sources = [p.read_text() for d in ("specdec", "model_repository")
+               for p in (REPO / d).rglob("*.py")]
+    quoted = re.compile(rf"[\"']{re.escape(name)}[\"']")
+    assert name.startswith("nv_") or any(quoted.search(s) for s in sources), \
+        f"no metric named {name!r} in the code"
+    assert name in (REPO / "docs" / "deploy.md").read_text(), "docs/deploy.md: adapter rule for it"
+
+
+# --- with a helm binary ------------------------------------------------------------------------
+
+HELM = shutil.which("helm")
+needs_helm = pytest.mark.skipif(
+    HELM is None, reason="no helm binary on PATH (none installable from PyPI, npm or Debian in "
+                         "this environment); install helm 3 to run lint and template")
+VARIANTS = {
+    "defaults": [],
+    "hpa+servicemonitor": ["--set", "autoscaling.enabled=true",
+                           "--set", "serviceMonitor.enabled=true"],
+    **{f"example:{p.name}": ["-f", str(p)] for p in EXAMPLES},
+}
+
+
+def helm(*args) -> str:
+    done = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@needs_helm
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_helm_lint(variant):
+    helm("lint", "--strict", str(CHART), *VARIANTS[variant])
+
+
+@needs_helm
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_helm_template(variant, monkeypatch):
+    rendered = helm("template", "t", str(CHART), *VARIANTS[variant])
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    kinds = {d["kind"]: d for d in docs}
+    hpa = variant != "defaults"
+    assert {"Deployment", "Service"} <= set(kinds)
+    assert ("HorizontalPodAutoscaler" in kinds) == hpa and ("ServiceMonitor" in kinds) == hpa
+    deploy = kinds["Deployment"]
+    pod = deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][0] == "tritonserver"
+    assert "--backend-config=python,shm-default-byte-size=16777216" in c["args"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert all(isinstance(x, str) and "e+" not in x for x in env.values()), env
+    specdec_names = {n for n in env if n.startswith("SPECDEC_")}
+    assert specdec_names <= env_names_read_by_code(monkeypatch)
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    ports = {p["name"]: p["port"] for p in kinds["Service"]["spec"]["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    if hpa:
+        assert "replicas" not in deploy["spec"]
+        (metric,) = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"]
+        assert metric["type"] == "Pods"
+        assert metric["pods"]["metric"]["name"] == values()["autoscaling"]["metric"]["name"]
+    if variant.startswith("example:"):
+        assert env["SPECDEC_TARGET_MODEL"].startswith("/models/")
+        assert any(v.get("persistentVolumeClaim") for v in pod["volumes"])
