@@ -60,8 +60,10 @@ class Engine:
         self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                              self.dtype, device)
         self.pool = SlotPool(max_sequences)
-        # A draft serving another model's vocabulary drafts only ids the target has.
+        # A draft serving another model's vocabulary drafts only ids the target has, and is fed
+        # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.
         self.vocab_size = min(vocab_size or a.vocab_size, a.vocab_size)
+        self.accepts_ids_below = max(vocab_size or a.vocab_size, a.vocab_size)
 
     @classmethod
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
@@ -97,7 +99,7 @@ class Engine:
                 if end > self.max_len:
                     raise SlotError(f"sequence {c.seq_id}: {end} tokens exceed max_seq_len "
                                     f"{self.max_len}")
-                if min(c.tokens) < 0 or max(c.tokens) >= self.model.args.vocab_size:
+                if min(c.tokens) < 0 or max(c.tokens) >= self.accepts_ids_below:
                     raise SlotError(f"sequence {c.seq_id}: token id out of range")
                 slots.append(self.pool.open(c.seq_id, c.start))
                 seen.add(c.seq_id)
@@ -119,7 +121,9 @@ class Engine:
         ks = [c.k for c in cs]
         first = [c.start + len(c.tokens) for c in cs]                      # position of d_1
         s = BatchSampling.stack([c.sampling for c in cs], self.device)
-        batch = Batch.build([c.tokens for c in cs], starts, slots, self.cache, self.device)
+        v_own = self.model.args.vocab_size
+        batch = Batch.build([[t if t < v_own else 0 for t in c.tokens] for c in cs], starts, slots,
+                            self.cache, self.device)
         hidden = self.model(batch, self.cache)
         rows = torch.arange(len(cs), device=self.device)
         logits = self._logits(hidden[rows, batch.last])[:, None]           # [B, 1, V]

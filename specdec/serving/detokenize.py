@@ -1,14 +1,15 @@
 """Streaming-safe detokenization between a stateless postprocessing step and the orchestrator.
 
 Each streamed response carries the last few shown ids plus the new ones (`window`), and how many
-of them were shown before. The text of a token list is its decode with any trailing U+FFFD cut
-(an incomplete UTF-8 character, or a byte-fallback piece, waiting for its next token), except on
-the final response. Because shown text is always such a cut prefix, each piece is the new text's
+of them were shown before. The text of a token list is its decode with up to three trailing
+U+FFFD cut (an incomplete UTF-8 character: one U+FFFD from a byte-level BPE decode, one per byte
+from a byte-fallback decode, never more than three), except on the final response. Because shown text is always such a cut prefix, each piece is the new text's
 difference from the old: multi-byte characters split across tokens come out whole, once.
 """
 from __future__ import annotations
 
-WINDOW = 8  # ids of context before the new ones: enough for any UTF-8 character to complete
+WINDOW = 8  # ids of context before the new ones: more than the at most 3 ids ever held back
+_MAX_INCOMPLETE = 3  # bytes of a 4-byte UTF-8 character that can arrive before its last
 
 
 def window(shown: list[int], new: list[int]) -> tuple[list[int], int]:
@@ -18,7 +19,8 @@ def window(shown: list[int], new: list[int]) -> tuple[list[int], int]:
 
 
 def _cut(text: str) -> str:
-    return text.rstrip("\ufffd")
+    kept = text.rstrip("\ufffd")
+    return text[: max(len(kept), len(text) - _MAX_INCOMPLETE)]
 
 
 def piece(decode, ids: list[int], prefix_length: int, is_final: bool) -> str:

@@ -29,9 +29,9 @@ class Unavailable(RuntimeError):
 
 
 class Orchestrator:
-    def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], drafter, verifier,
-                 metrics: Metrics):
-        self.pb, self.settings, self.eos = pb, settings, eos
+    def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], vocab_size: int,
+                 drafter, verifier, metrics: Metrics):
+        self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
         self.drafter, self.verifier = drafter, verifier
         self.metrics = metrics
         self.slots = asyncio.Semaphore(settings.max_sequences)
@@ -51,7 +51,8 @@ class Orchestrator:
         last_time = time.perf_counter()
         first = True
         try:
-            req, stream = parse_request(read_inputs(pb, request, INPUTS), self.settings, self.eos)
+            req, stream = parse_request(read_inputs(pb, request, INPUTS), self.settings, self.eos,
+                                        self.vocab_size)
             try:
                 await asyncio.wait_for(self.slots.acquire(), self.settings.queue_timeout_s)
             except asyncio.TimeoutError:

@@ -63,11 +63,14 @@ def parse_stop_words(inputs: dict) -> list[str]:
     return words
 
 
-def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, ...]) -> tuple[Request, bool]:
+def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, ...],
+                  vocab_size: int) -> tuple[Request, bool]:
     """Orchestrator inputs -> (Request, stream)."""
     prompt = np.asarray(inputs[names.INPUT_IDS]).reshape(-1).astype(np.int64).tolist()
     if not prompt:
         raise InvalidInput(f"{names.TEXT_INPUT}: tokenizes to nothing")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise InvalidInput(f"{names.INPUT_IDS}: token ids must be within 0..{vocab_size - 1}")
     if len(prompt) >= settings.max_seq_len:
         raise InvalidInput(f"{names.TEXT_INPUT}: prompt has {len(prompt)} tokens; the context "
                            f"window is {settings.max_seq_len} (prompt + output)")

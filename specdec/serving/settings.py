@@ -103,6 +103,8 @@ class OrchestratorSettings:
             raise SettingsError("default_num_draft_tokens must be within 0..max_draft_tokens")
         if not 1 <= s.default_max_tokens <= s.max_tokens_limit:
             raise SettingsError("default_max_tokens must be within 1..max_tokens_limit")
+        if s.max_sequences < 1 or s.max_seq_len < 2 or s.queue_timeout_s < 0:
+            raise SettingsError("max_sequences must be >= 1, max_seq_len >= 2, queue_timeout_s >= 0")
         path = s.target_model_path or str(DEFAULT_TARGET)
         return cls(**{**s.__dict__, "target_model_path": path})
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from specdec import names
+from specdec.config import ModelArgs
 from specdec.serving.bls import BlsDrafter, BlsVerifier
 from specdec.serving.engine_model import DraftModel, TargetModel
 from specdec.serving.metrics import Metrics
@@ -107,7 +108,8 @@ def serving(checkpoints):
         settings = OrchestratorSettings.parse(params)
         ns.metrics = Metrics(fake_pb, "speculative_decoding", settings.max_draft_tokens)
         ns.gauge = ns.metrics.active
-        return Orchestrator(fake_pb, settings, tuple(eos), BlsDrafter(fake_pb),
+        vocab = ModelArgs.from_dir(checkpoints[0]).vocab_size
+        return Orchestrator(fake_pb, settings, tuple(eos), vocab, BlsDrafter(fake_pb),
                             BlsVerifier(fake_pb), ns.metrics)
 
     ns = SimpleNamespace(build=build, orchestrator=orchestrator)

@@ -173,8 +173,6 @@ def byte_token(tokenizer, byte: int) -> int:
     return tokenizer.convert_tokens_to_ids(bytes_to_unicode()[byte])
 
 
-@pytest.mark.xfail(strict=True, reason="detokenize.py: U+FFFDs held back beyond the WINDOW "
-                                       "shown ids are lost once a later token completes text")
 def test_long_run_of_invalid_bytes_streams_like_the_full_decode(tokenizer):
     decode = decoder(tokenizer)
     # 'A', ten lone UTF-8 continuation bytes (invalid text: ten U+FFFD), 'A'.

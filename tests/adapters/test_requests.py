@@ -13,6 +13,7 @@ SETTINGS = OrchestratorSettings(max_seq_len=32, max_sequences=2, max_tokens_limi
                                 default_max_tokens=7, max_draft_tokens=5,
                                 default_num_draft_tokens=3)
 EOS = (2, 9)
+VOCAB = 1000
 
 
 def inputs(prompt=(5, 6, 7), **fields):
@@ -24,7 +25,7 @@ def inputs(prompt=(5, 6, 7), **fields):
 
 
 def test_defaults():
-    req, stream = parse_request(inputs(), SETTINGS, EOS)
+    req, stream = parse_request(inputs(), SETTINGS, EOS, VOCAB)
     assert req.prompt == [5, 6, 7] and all(type(t) is int for t in req.prompt)
     assert req.max_tokens == SETTINGS.default_max_tokens == 7
     assert req.num_draft_tokens == SETTINGS.default_num_draft_tokens == 3
@@ -36,7 +37,7 @@ def test_defaults():
 
 
 def test_unseeded_requests_get_different_seeds():
-    seeds = {parse_request(inputs(), SETTINGS, EOS)[0].sampling.seed for _ in range(8)}
+    seeds = {parse_request(inputs(), SETTINGS, EOS, VOCAB)[0].sampling.seed for _ in range(8)}
     assert len(seeds) == 8
 
 
@@ -48,7 +49,7 @@ def test_every_field():
         top_k=np.array([40], np.int32), seed=np.array([2**64 - 1], np.uint64),
         num_draft_tokens=np.array([5], np.int32),
         stop_ids=np.array([8, 9, 10, 11], np.int32), stop_lengths=np.array([1, 3], np.int32),
-    ), SETTINGS, EOS)
+    ), SETTINGS, EOS, VOCAB)
     assert req.prompt == [1, 2, 3, 4]
     assert req.max_tokens == 20 and req.num_draft_tokens == 5
     assert req.sampling.temperature == pytest.approx(0.7) and not req.sampling.greedy
@@ -60,37 +61,37 @@ def test_every_field():
 
 @pytest.mark.parametrize("k", [0, 5])
 def test_num_draft_tokens_bounds_accepted(k):
-    req, _ = parse_request(inputs(num_draft_tokens=np.array([k], np.int32)), SETTINGS, EOS)
+    req, _ = parse_request(inputs(num_draft_tokens=np.array([k], np.int32)), SETTINGS, EOS, VOCAB)
     assert req.num_draft_tokens == k
 
 
 def test_prompt_just_fits_the_context_window():
-    req, _ = parse_request(inputs(prompt=list(range(31))), SETTINGS, EOS)
+    req, _ = parse_request(inputs(prompt=list(range(31))), SETTINGS, EOS, VOCAB)
     assert len(req.prompt) == 31
 
 
 def test_stream_false_explicitly():
-    _, stream = parse_request(inputs(stream=np.array([False])), SETTINGS, EOS)
+    _, stream = parse_request(inputs(stream=np.array([False])), SETTINGS, EOS, VOCAB)
     assert stream is False
 
 
 def test_seed_is_kept_and_stop_words_unpacked_with_zero_lengths_skipped():
     req, _ = parse_request(inputs(seed=np.array([12345], np.uint64),
                                   stop_ids=np.array([4, 5, 6, 7, 8, 9], np.int32),
-                                  stop_lengths=np.array([2, 0, 1, 3], np.int32)), SETTINGS, EOS)
+                                  stop_lengths=np.array([2, 0, 1, 3], np.int32)), SETTINGS, EOS, VOCAB)
     assert req.sampling.seed == 12345
     assert req.stop == ((4, 5), (6,), (7, 8, 9))
 
 
 def test_stop_ids_without_lengths_are_ignored():
-    req, _ = parse_request(inputs(stop_ids=np.array([4, 5], np.int32)), SETTINGS, EOS)
+    req, _ = parse_request(inputs(stop_ids=np.array([4, 5], np.int32)), SETTINGS, EOS, VOCAB)
     assert req.stop == ()
 
 
 def test_no_stop_words_from_preprocessing():
     """preprocessing always sends stop_ids/stop_lengths; with no stop words both are empty."""
     req, _ = parse_request(inputs(stop_ids=np.zeros(0, np.int32),
-                                  stop_lengths=np.zeros(0, np.int32)), SETTINGS, EOS)
+                                  stop_lengths=np.zeros(0, np.int32)), SETTINGS, EOS, VOCAB)
     assert req.stop == ()
 
 
@@ -117,26 +118,26 @@ BAD = [
 @pytest.mark.parametrize("fields,field", BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
 def test_invalid_field_is_named(fields, field):
     with pytest.raises(InvalidInput) as e:
-        parse_request(inputs(**fields), SETTINGS, EOS)
+        parse_request(inputs(**fields), SETTINGS, EOS, VOCAB)
     assert str(e.value).startswith(field + ":"), str(e.value)
 
 
 def test_two_values_where_one_is_expected_reports_the_shape():
     with pytest.raises(InvalidInput, match=r"max_tokens: expected one value, got shape \[2\]"):
-        parse_request(inputs(max_tokens=np.array([4, 5], np.int32)), SETTINGS, EOS)
+        parse_request(inputs(max_tokens=np.array([4, 5], np.int32)), SETTINGS, EOS, VOCAB)
 
 
 @pytest.mark.parametrize("length", [32, 40])
 def test_prompt_longer_than_the_context_window(length):
     with pytest.raises(InvalidInput) as e:
-        parse_request(inputs(prompt=list(range(length))), SETTINGS, EOS)
+        parse_request(inputs(prompt=list(range(length))), SETTINGS, EOS, VOCAB)
     msg = str(e.value)
     assert msg.startswith(names.TEXT_INPUT + ":") and f"{length} tokens" in msg and "32" in msg
 
 
 def test_empty_prompt_ids():
     with pytest.raises(InvalidInput, match="^text_input: tokenizes to nothing"):
-        parse_request(inputs(prompt=[]), SETTINGS, EOS)
+        parse_request(inputs(prompt=[]), SETTINGS, EOS, VOCAB)
 
 
 # --- text_input / stop_words, as preprocessing reads them (BYTES tensors of shape [1] / [-1])
@@ -185,4 +186,10 @@ def test_decode_text_names_the_given_field():
 
 def test_nan_is_not_a_finite_temperature_even_as_python_float():
     with pytest.raises(InvalidInput, match="^temperature:"):
-        parse_request(inputs(temperature=np.array([math.nan])), SETTINGS, EOS)
+        parse_request(inputs(temperature=np.array([math.nan])), SETTINGS, EOS, VOCAB)
+
+
+@pytest.mark.parametrize("bad_id", [-1, VOCAB])
+def test_prompt_ids_outside_the_vocabulary_are_named(bad_id):
+    with pytest.raises(InvalidInput, match=f"^{names.INPUT_IDS}:"):
+        parse_request(inputs(prompt=(5, bad_id)), SETTINGS, EOS, VOCAB)

@@ -50,3 +50,16 @@ def test_bad_call_fails_alone(pair_dir):
     results = target.verify([unknown, good, out_of_vocab])
     assert isinstance(results[0], SlotError) and isinstance(results[2], SlotError)
     assert results[1].tokens == [greedy_next(target, 4, 0, [1, 2, 3])]
+
+
+def test_draft_with_a_smaller_vocabulary_accepts_target_ids(pair_dir):
+    """Qwen2.5-0.5B drafting for 7B: the target has more rows; their ids reach the draft."""
+    from specdec.engine import Engine, ProposeCall
+    from specdec.weights import load_model
+    cpu = torch.device("cpu")
+    draft = Engine(load_model(pair_dir[1], torch.float64, cpu), 2, 64, cpu, vocab_size=120)
+    own = draft.model.args.vocab_size
+    proposal, = draft.propose([ProposeCall(1, 0, [3, own + 5, 7], 3, SamplingParams())])
+    assert len(proposal.tokens) == 3 and max(proposal.tokens) < own
+    rejected, = draft.propose([ProposeCall(2, 0, [3, 120], 2, SamplingParams())])
+    assert isinstance(rejected, SlotError)  # beyond even the target's vocabulary

@@ -15,9 +15,10 @@ from specdec.serving.settings import OrchestratorSettings
 class TritonPythonModel:
     def initialize(self, args):
         settings = OrchestratorSettings.parse(parameters(json.loads(args["model_config"])))
-        eos = ModelArgs.from_dir(settings.target_model_path).eos_token_ids
+        target = ModelArgs.from_dir(settings.target_model_path)
         metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens)
-        self.orchestrator = Orchestrator(pb_utils, settings, eos, BlsDrafter(pb_utils),
+        self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
+                                         target.vocab_size, BlsDrafter(pb_utils),
                                          BlsVerifier(pb_utils), metrics)
 
     async def execute(self, requests):
