@@ -96,6 +96,24 @@ class _Output:
 
 
 @dataclass(frozen=True)
+class LoadPolicy:
+    """How many draft tokens a round may use given the load: speculate when the target is
+    under-used. A verification pass costs about as much as a plain step only while the batch
+    is small (memory-bound); as concurrent sequences grow, K+1 tokens per sequence start to
+    cost K+1 times more, and speculation loses. Full K up to `full_below` active sequences,
+    then linearly less, none from `off_at` on."""
+    full_below: int = 8
+    off_at: int = 32
+
+    def limit(self, k: int, active: int) -> int:
+        if active < self.full_below:
+            return k
+        if active >= self.off_at:
+            return 0
+        return int(k * (self.off_at - active) / (self.off_at - self.full_below + 1))
+
+
+@dataclass(frozen=True)
 class Round:
     k: int            # tokens drafted
     accepted: int     # of those, accepted
@@ -106,11 +124,13 @@ class Round:
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
                     max_len: int, emit: Callable[[Chunk], Awaitable[None] | None],
                     cancelled: Callable[[], bool] = lambda: False,
-                    on_round: Callable[[Round], None] | None = None) -> Stats:
+                    on_round: Callable[[Round], None] | None = None,
+                    allowed_k: Callable[[int], int] = lambda k: k) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
     on_round: observes every round (metrics).
+    allowed_k: the draft tokens a round may use now, given the request's (load policy).
     """
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
@@ -122,7 +142,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 out.finish = "cancelled"
                 break
             n = len(committed)
-            k = max(0, min(req.num_draft_tokens, max_len - n, req.max_tokens - len(out.tokens) - 1))
+            k = max(0, min(allowed_k(req.num_draft_tokens), max_len - n,
+                           req.max_tokens - len(out.tokens) - 1))
             proposal = Proposal([], None)
             t0 = time.perf_counter()
             if k > 0:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from .. import names
-from ..loop import Chunk, speculate
+from ..loop import Chunk, LoadPolicy, speculate
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .metrics import Metrics
@@ -34,6 +34,7 @@ class Orchestrator:
         self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
         self.drafter, self.verifier = drafter, verifier
         self.metrics = metrics
+        self.policy = LoadPolicy(settings.spec_full_below, settings.spec_off_at)
         self.slots = asyncio.Semaphore(settings.max_sequences)
         self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
         self.active = 0
@@ -81,7 +82,8 @@ class Orchestrator:
 
                 await speculate(next(self.ids), req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, emit, request.is_cancelled,
-                                self.metrics.round)
+                                self.metrics.round,
+                                lambda k: self.policy.limit(k, self.active))
             finally:
                 self._set_active(-1)
                 self.slots.release()

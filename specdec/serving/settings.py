@@ -95,6 +95,8 @@ class OrchestratorSettings:
     max_draft_tokens: int = 8        # largest num_draft_tokens a request may ask for
     default_num_draft_tokens: int = 4
     queue_timeout_s: float = 30.0    # wait for a free sequence slot, then UNAVAILABLE
+    spec_full_below: int = 8         # full K while fewer sequences are active (loop.LoadPolicy)
+    spec_off_at: int = 32            # no speculation from this many active sequences on
 
     @classmethod
     def parse(cls, params: dict) -> "OrchestratorSettings":
@@ -105,6 +107,8 @@ class OrchestratorSettings:
             raise SettingsError("default_max_tokens must be within 1..max_tokens_limit")
         if s.max_sequences < 1 or s.max_seq_len < 2 or s.queue_timeout_s < 0:
             raise SettingsError("max_sequences must be >= 1, max_seq_len >= 2, queue_timeout_s >= 0")
+        if not 1 <= s.spec_full_below < s.spec_off_at:
+            raise SettingsError("need 1 <= spec_full_below < spec_off_at")
         path = s.target_model_path or str(DEFAULT_TARGET)
         return cls(**{**s.__dict__, "target_model_path": path})
 

@@ -73,3 +73,25 @@ def test_context_window_ends_generation(pair_dir):
     (tokens, stats, chunks), = generate(target, draft, [Request(p, 100, 8)])
     assert len(p) + len(tokens) == 41 and chunks[-1].finish_reason == "length"
     assert target.pool.active == 0
+
+
+def test_load_policy_lowers_k_then_turns_speculation_off():
+    from specdec.loop import LoadPolicy
+    policy = LoadPolicy(full_below=4, off_at=12)
+    ks = [policy.limit(8, active) for active in range(16)]
+    assert ks[:4] == [8] * 4 and ks[12:] == [0] * 4
+    assert all(a >= b for a, b in zip(ks, ks[1:])) and 0 < ks[6] < 8
+
+
+def test_k_changing_between_rounds_stays_exact(pair_dir, hf_greedy):
+    """The draft catches up on whatever it skipped while the policy had speculation off."""
+    from specdec.loop import speculate
+    from specdec.local import LocalDrafter, LocalVerifier
+    import asyncio
+    target, draft = engines(pair_dir)
+    schedule = iter([4, 0, 0, 3, 8, 0, 1] * 10)
+    out = []
+    asyncio.run(speculate(7, Request(prompts()[0], MAX_TOKENS, 8), LocalDrafter(draft),
+                          LocalVerifier(target), target.max_len,
+                          lambda c: out.extend(c.tokens), allowed_k=lambda k: next(schedule)))
+    assert out == hf_greedy[0]
