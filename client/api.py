@@ -18,27 +18,27 @@ from urllib.parse import quote, urlsplit
 
 from .sse import iter_sse_data
 
-# The client's copy of specdec/names.py, kept here so the client needs no torch.
-ENSEMBLE = "ensemble"
+# The tensor names shared with the server (specdec.names imports nothing: no torch here).
+from specdec.names import (  # noqa: E402  (re-exported)
+    ACCEPTANCE_RATE,
+    ENSEMBLE,
+    FINISH_REASON,
+    MAX_TOKENS,
+    NUM_DRAFT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    SEED,
+    STATS_OUTPUTS,
+    STOP_WORDS,
+    STREAM,
+    TEMPERATURE,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_P,
+    TOTAL_ACCEPTED_DRAFT_TOKENS,
+    TOTAL_DRAFT_TOKENS,
+)
 
-TEXT_INPUT = "text_input"
-MAX_TOKENS = "max_tokens"
-STREAM = "stream"
-TEMPERATURE = "temperature"
-TOP_P = "top_p"
-TOP_K = "top_k"
-SEED = "seed"
-NUM_DRAFT_TOKENS = "num_draft_tokens"
-STOP_WORDS = "stop_words"
-
-TEXT_OUTPUT = "text_output"
-NUM_OUTPUT_TOKENS = "num_output_tokens"
-TOTAL_DRAFT_TOKENS = "total_draft_tokens"
-TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
-ACCEPTANCE_RATE = "acceptance_rate"
-FINISH_REASON = "finish_reason"
-STATS_OUTPUTS = (NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS, TOTAL_ACCEPTED_DRAFT_TOKENS,
-                 ACCEPTANCE_RATE, FINISH_REASON)
 OUTPUTS = (TEXT_OUTPUT,) + STATS_OUTPUTS
 
 INPUT_DATATYPES: dict[str, str] = {
