@@ -167,13 +167,16 @@ class Engine:
         p = probabilities(self._logits(hidden), s)                         # [B, K+1, V]
         drafts = torch.tensor([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs],
                               dtype=torch.int64, device=self.device)
-        q = torch.zeros(len(cs), k_max, v, device=self.device)
-        for b, c in enumerate(cs):  # per-row copy of an already materialized tensor; no compute
-            if c.draft_probs is not None and c.drafts:
-                w = min(v, c.draft_probs.shape[-1])
-                q[b, : len(c.drafts), :w] = c.draft_probs[:, :w].to(self.device, torch.float32)
-            elif c.drafts:
-                q[b, : len(c.drafts)] = torch.nn.functional.one_hot(drafts[b, : len(c.drafts)], v)
+        q = None
+        if any(c.draft_probs is not None for c in cs):
+            q = torch.zeros(len(cs), k_max, v, device=self.device)
+            for b, c in enumerate(cs):  # copies of materialized rows; no compute per row
+                k = len(c.drafts)
+                if c.draft_probs is not None and k:
+                    w = min(v, c.draft_probs.shape[-1])
+                    q[b, :k, :w] = c.draft_probs[:, :w].to(self.device, torch.float32)
+                elif k:
+                    q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
         first = torch.tensor([c.start + len(c.tokens) for c in cs], device=self.device)
         accepted, nxt = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s, first)
         accepted, nxt = accepted.tolist(), nxt.tolist()                    # the one sync

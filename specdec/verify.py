@@ -13,12 +13,14 @@ import torch
 from .sampling import ACCEPT, RESAMPLE, BatchSampling, sample, uniforms
 
 
-def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+def verify(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, num_drafts: torch.Tensor,
            s: BatchSampling, first_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's drafts and draw the token that follows it.
 
     p: [B, K+1, V] target distributions at the drafted positions and the one after.
-    q: [B, K, V] draft distributions (rows are zero past a row's own num_drafts).
+    q: [B, K, V] draft distributions (rows are zero past a row's own num_drafts), or None when
+       every row's draft was greedy: q is then one-hot at the drafts, so q(d) = 1 and the
+       residual max(0, p - q) is p wherever a one-hot p rejects (no [B, K, V] tensor needed).
     drafts: [B, K] drafted ids; num_drafts: [B] k_b <= K.
     first_position: [B] absolute position of the first drafted token.
     Returns (num_accepted [B], next_token [B]): output is drafts[:m] + [next_token].
@@ -27,17 +29,20 @@ def verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, num_drafts: t
     positions = first_position[:, None] + torch.arange(k + 1, device=p.device)    # [B, K+1]
     if k > 0:
         p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)                   # [B, K]
-        q_d = q.gather(-1, drafts[..., None]).squeeze(-1)                          # [B, K]
+        q_d = torch.ones_like(p_d) if q is None else q.gather(-1, drafts[..., None]).squeeze(-1)
         u = uniforms(s, positions[:, :k], ACCEPT).squeeze(-1)                      # [B, K]
         ok = (u * q_d <= p_d) & (torch.arange(k, device=p.device) < num_drafts[:, None])
         accepted = ok.to(torch.int64).cumprod(-1).sum(-1)                          # [B]
     else:
         accepted = torch.zeros(b, dtype=torch.int64, device=p.device)
-    # Past a row's drafts q is zero, so the residual there is p itself: the bonus token.
-    q_full = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)                     # [B, K+1, V]
     idx = accepted[:, None, None].expand(b, 1, p.shape[-1])
-    p_m, q_m = p.gather(1, idx), q_full.gather(1, idx)                             # [B, 1, V]
-    residual = (p_m - q_m).clamp_min(0)
+    p_m = p.gather(1, idx)                                                         # [B, 1, V]
+    if q is None:
+        residual = p_m
+    else:
+        # Past a row's drafts q is zero, so the residual there is p itself: the bonus token.
+        q_full = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)                 # [B, K+1, V]
+        residual = (p_m - q_full.gather(1, idx)).clamp_min(0)
     mass = residual.sum(-1, keepdim=True)
     # p == q leaves no residual mass; rejection then has probability 0, any choice is unbiased.
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_m)
