@@ -1,0 +1,1 @@
+"""Locust load tests for the speculative-decoding server (see docs/loadtest.md)."""

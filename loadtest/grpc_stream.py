@@ -1,0 +1,101 @@
+"""gRPC streaming for the load test, straight on tritonclient.grpc.
+
+One InferenceServerClient (one channel) per locust user, one bidirectional stream per request,
+as a real streaming client keeps its connection. Input tensors take the rank the server's model
+metadata declares ([1] for the ensemble's max_batch_size 0, [1, 1] when batched), so the load
+test follows the model repository's configuration instead of assuming one. Responses are
+collected with specdec_client's Collector, so the timings mean exactly what they mean for the
+HTTP users (seconds since the request was sent, one time per non-empty text piece).
+"""
+from __future__ import annotations
+
+import codecs
+import queue
+import uuid
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import InferenceServerClient, InferInput
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+from specdec_client import ENSEMBLE, GenerationParams, Result, ServerError
+from specdec_client.api import INPUT_DATATYPES, STOP_WORDS, STREAM, TEXT_INPUT, Collector
+from specdec_client.grpc_transport import outputs_from_infer_result
+
+_TRITON_FINAL = "triton_final_response"
+
+
+class GrpcStreamer:
+    """Sends streamed generations on one gRPC channel, one request at a time."""
+
+    def __init__(self, address: str, model: str = ENSEMBLE) -> None:
+        self.address = address
+        self.model = model
+        self.client = InferenceServerClient(address)
+        self._ranks: dict[str, int] | None = None
+
+    def ranks(self) -> dict[str, int]:
+        """Each input's rank from the model metadata (fetched once)."""
+        if self._ranks is None:
+            try:
+                meta = self.client.get_model_metadata(self.model)
+            except InferenceServerException as e:
+                raise ServerError(e.message(), e.status()) from e
+            self._ranks = {inp.name: len(inp.shape) for inp in meta.inputs}
+        return self._ranks
+
+    def inputs(self, prompt: str, params: GenerationParams) -> list[Any]:
+        ranks = self.ranks()
+        values: dict[str, list[Any]] = {TEXT_INPUT: [prompt.encode("utf-8")], STREAM: [True]}
+        for name, value in params.fields().items():
+            values[name] = [w.encode("utf-8") for w in value] if name == STOP_WORDS else [value]
+        tensors = []
+        for name, row in values.items():
+            datatype = INPUT_DATATYPES[name]
+            array = np.array(row, dtype=triton_to_np_dtype(datatype))
+            # A stop_words list is the last dimension; every other input is one element.
+            array = array.reshape((1,) * (ranks.get(name, 1) - 1) + (len(row),))
+            tensor = InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        return tensors
+
+    def generate(self, prompt: str, params: GenerationParams, timeout: float) -> Result:
+        """Stream one generation to its end; raises ServerError / TimeoutError on failure."""
+        inputs = self.inputs(prompt, params)
+        collector = Collector()
+        responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        finished = False
+        self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        try:
+            self.client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
+                                           enable_empty_final_response=True)
+            while True:
+                try:
+                    result, error = responses.get(timeout=timeout)
+                except queue.Empty:
+                    raise TimeoutError(f"no response within {timeout} s") from None
+                if error is not None:
+                    raise ServerError(error.message(), error.status())
+                parameters = result.get_response().parameters
+                final = _TRITON_FINAL in parameters and parameters[_TRITON_FINAL].bool_param
+                collector.add(outputs_from_infer_result(result, decoder, final))
+                if final:
+                    finished = True
+                    return collector.result(streamed=True)
+        except InferenceServerException as e:
+            raise ServerError(e.message(), e.status()) from e
+        finally:
+            # Cancel on the server unless the request ran to its end (an error, a timeout, or
+            # locust stopping this user mid-stream).
+            try:
+                self.client.stop_stream(cancel_requests=not finished)
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            pass
