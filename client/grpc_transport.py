@@ -35,14 +35,15 @@ _TRITON_FINAL = "triton_final_response"
 
 def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
                        stream: bool = True) -> list[Any]:
-    """tritonclient.grpc InferInputs of shape [1, 1] ([1, N] for stop_words)."""
+    """tritonclient.grpc InferInputs of shape [1] ([N] for stop_words): the ensemble has no
+    batch dimension (max_batch_size 0), like TensorRT-LLM's and vLLM's Triton models."""
     values: dict[str, Any] = {TEXT_INPUT: [prompt.encode("utf-8")], STREAM: [stream]}
     for name, value in (params or GenerationParams()).fields().items():
         values[name] = [w.encode("utf-8") for w in value] if name == STOP_WORDS else [value]
     inputs = []
     for name, row in values.items():
         datatype = INPUT_DATATYPES[name]
-        array = np.array([row], dtype=triton_to_np_dtype(datatype))
+        array = np.array(row, dtype=triton_to_np_dtype(datatype))
         tensor = InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

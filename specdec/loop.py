@@ -37,6 +37,9 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[tuple[int, ...], ...] = ()   # token sequences that end generation (not shown)
     eos: tuple[int, ...] = ()                # ids that end generation (not shown)
+    # Sampled tokens depend on the round structure, so a seeded sampling request keeps its K
+    # under load: its output is then a function of its inputs and seed alone.
+    fixed_k: bool = False
 
 
 @dataclass

@@ -86,10 +86,10 @@ def test_infer_inputs_names_dtypes_shapes() -> None:
     inputs = {i.name(): (i.datatype(), list(i.shape())) for i in
               grpc_transport.build_infer_inputs("hi", ALL_PARAMS, stream=True)}
     assert inputs == {
-        "text_input": ("BYTES", [1, 1]), "stream": ("BOOL", [1, 1]),
-        "max_tokens": ("INT32", [1, 1]), "temperature": ("FP32", [1, 1]),
-        "top_p": ("FP32", [1, 1]), "top_k": ("INT32", [1, 1]), "seed": ("UINT64", [1, 1]),
-        "num_draft_tokens": ("INT32", [1, 1]), "stop_words": ("BYTES", [1, 2]),
+        "text_input": ("BYTES", [1]), "stream": ("BOOL", [1]),
+        "max_tokens": ("INT32", [1]), "temperature": ("FP32", [1]),
+        "top_p": ("FP32", [1]), "top_k": ("INT32", [1]), "seed": ("UINT64", [1]),
+        "num_draft_tokens": ("INT32", [1]), "stop_words": ("BYTES", [2]),
     }
 
 
@@ -443,12 +443,12 @@ def test_grpc_stream_round_trip(grpc_server: GrpcStandIn) -> None:
     assert request.model_name == "ensemble"
     assert request.parameters["triton_enable_empty_final_response"].bool_param
     assert _request_inputs(request) == {
-        "text_input": ("BYTES", [1, 1], [b"Hi"]), "stream": ("BOOL", [1, 1], [True]),
-        "max_tokens": ("INT32", [1, 1], [16]),
-        "temperature": ("FP32", [1, 1], [pytest.approx(0.7)]),
-        "top_p": ("FP32", [1, 1], [pytest.approx(0.9)]), "top_k": ("INT32", [1, 1], [40]),
-        "seed": ("UINT64", [1, 1], [2**63 + 5]), "num_draft_tokens": ("INT32", [1, 1], [4]),
-        "stop_words": ("BYTES", [1, 2], [b"\n\n", b"END"]),
+        "text_input": ("BYTES", [1], [b"Hi"]), "stream": ("BOOL", [1], [True]),
+        "max_tokens": ("INT32", [1], [16]),
+        "temperature": ("FP32", [1], [pytest.approx(0.7)]),
+        "top_p": ("FP32", [1], [pytest.approx(0.9)]), "top_k": ("INT32", [1], [40]),
+        "seed": ("UINT64", [1], [2**63 + 5]), "num_draft_tokens": ("INT32", [1], [4]),
+        "stop_words": ("BYTES", [2], [b"\n\n", b"END"]),
     }
 
 
@@ -460,7 +460,7 @@ def test_grpc_generate_sends_stream_false(grpc_server: GrpcStandIn) -> None:
     assert result.time_to_first_token_s is None
     request = grpc_server.requests[0]
     assert request.model_name == "other"
-    assert _request_inputs(request)["stream"] == ("BOOL", [1, 1], [False])
+    assert _request_inputs(request)["stream"] == ("BOOL", [1], [False])
 
 
 def test_grpc_error_response_raises(grpc_server: GrpcStandIn) -> None:

@@ -10,6 +10,7 @@ packages installed here (torch, transformers, specdec).
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 import shutil
 import sys
@@ -35,9 +36,18 @@ def prepare_backends(dest: Path) -> Path:
     python_dir.mkdir(parents=True, exist_ok=True)
     for f in (root / "backends" / "python").iterdir():
         if f.is_file():
-            shutil.copy2(f, python_dir / f.name)
-    shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+            _install(f, python_dir / f.name)
+    _install(stub, python_dir / "triton_python_backend_stub")
     return dest
+
+
+def _install(src: Path, dst: Path) -> None:
+    """Copy unless identical; replace atomically, since a running server may be executing dst."""
+    if dst.exists() and filecmp.cmp(src, dst, shallow=False):
+        return
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
 
 
 def environment() -> dict[str, str]:

@@ -83,7 +83,8 @@ class Orchestrator:
                 await speculate(next(self.ids), req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, emit, request.is_cancelled,
                                 self.metrics.round,
-                                lambda k: self.policy.limit(k, self.active))
+                                (lambda k: k) if req.fixed_k else
+                                (lambda k: self.policy.limit(k, self.active)))
             finally:
                 self._set_active(-1)
                 self.slots.release()

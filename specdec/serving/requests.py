@@ -91,11 +91,12 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     if not 0 <= k <= settings.max_draft_tokens:
         raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside 0..{settings.max_draft_tokens}")
     seed = _scalar(inputs, names.SEED, None)
+    fixed_k = seed is not None and temperature > 0
     seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) & (2**64 - 1)
     stream = bool(_scalar(inputs, names.STREAM, False))
     stop = _stop_sequences(inputs)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
-    return Request(prompt, max_tokens, k, sampling, stop, eos), stream
+    return Request(prompt, max_tokens, k, sampling, stop, eos, fixed_k), stream
 
 
 def _stop_sequences(inputs: dict) -> tuple[tuple[int, ...], ...]:

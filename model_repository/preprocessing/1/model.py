@@ -16,6 +16,13 @@ class TritonPythonModel:
         path = tokenizer_path(parameters(json.loads(args["model_config"])))
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
 
+    def _variants(self, word):
+        """Stop words match on token ids: as written, and as a word after a space, which
+        byte-level and SentencePiece tokenizers spell with other ids."""
+        encode = lambda t: self.tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+        plain, spaced = encode(word), encode(" " + word)
+        return [plain] if spaced == plain or word.startswith(" ") else [plain, spaced]
+
     def execute(self, requests):
         return [self._one(r) for r in requests]
 
@@ -23,8 +30,7 @@ class TritonPythonModel:
         try:
             inputs = read_inputs(pb_utils, request, (names.TEXT_INPUT, names.STOP_WORDS))
             ids = self.tokenizer(parse_text(inputs))["input_ids"]
-            stops = [self.tokenizer(w, add_special_tokens=False)["input_ids"]
-                     for w in parse_stop_words(inputs)]
+            stops = [ids for w in parse_stop_words(inputs) for ids in self._variants(w)]
         except Exception as exc:
             return error_response(pb_utils, exc)
         out = {

@@ -1,0 +1,51 @@
+# Two commands do everything on a fresh machine:
+#   make serve   install into .venv, then run tritonserver on model_repository (8000/8001/8002)
+#   make test    install into .venv, then run the whole test suite (starts its own tritonserver)
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build by default; on a CUDA machine: make serve TORCH="torch==2.13.0" (or the image's torch).
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test install models clean loadtest bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[serve,client,test]"
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(PY) -m specdec.serving.launch
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Rebuild the embedded default pair (tokenizer, target, distilled draft) from the stdlib source.
+models: $(STAMP)
+	$(PY) scripts/make_default_models.py
+
+clean:
+	rm -rf $(VENV) .triton .pytest_cache
+
+# Load test a running server (docs/loadtest.md): make loadtest USERS=8 DURATION=2m K=4,0
+USERS ?= 4
+SPAWN_RATE ?= $(USERS)
+DURATION ?= 30s
+HOST ?= http://127.0.0.1:8000
+GRPC_HOST ?=
+K ?= 4,0
+MAX_TOKENS ?= 64
+REPORTS ?= reports
+LOCUST_ARGS ?=
+
+loadtest: $(STAMP)
+	mkdir -p $(REPORTS)
+	$(VENV)/bin/locust -f loadtest/locustfile.py --headless --only-summary \
+		-u $(USERS) -r $(SPAWN_RATE) -t $(DURATION) --host $(HOST) \
+		$(if $(GRPC_HOST),--grpc-host $(GRPC_HOST)) --num-draft-tokens $(K) --max-tokens $(MAX_TOKENS) \
+		--csv $(REPORTS)/loadtest --html $(REPORTS)/loadtest.html $(LOCUST_ARGS)

@@ -1,0 +1,93 @@
+"""One real tritonserver for the end-to-end tests, on free loopback ports, embedded default pair."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 300
+
+
+@dataclass
+class Server:
+    http: str       # host:port
+    grpc: str
+    metrics: str
+    log: Path
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of a Prometheus sample over series matching the labels."""
+        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10).read().decode()
+        total, found = 0.0, False
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        if not found:
+            raise KeyError(f"{name}{labels} not on the metrics endpoint")
+        return total
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(http: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec.serving.launch", f"--http-port={http}",
+             f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--exit-timeout-secs=10"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not _ready(f"127.0.0.1:{http}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"tritonserver did not become ready:\n{log.read_text()[-4000:]}")
+        time.sleep(1)
+    yield Server(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def post(server: Server, path: str, body: dict) -> tuple[int, dict]:
+    """Raw HTTP, for what the client would refuse to send."""
+    req = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def heldout_prompts(n: int) -> list[str]:
+    lines = (ROOT / "models" / "default" / "heldout_prompts.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompt"] for line in lines[:n]]

@@ -1,0 +1,103 @@
+"""Bad input is that request's 400, named; cancelled and finished requests free their slots."""
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from specdec_client import GenerationParams, generate, grpc_stream
+from tests.e2e.conftest import heldout_prompts, post
+
+GOOD = {"text_input": "def main():", "max_tokens": 8}
+
+BAD = [
+    ({"text_input": ""}, "text_input"),
+    ({"text_input": None}, "text_input"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 100000}, "max_tokens"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -3}, "top_k"),
+    ({"num_draft_tokens": -1}, "num_draft_tokens"),
+    ({"num_draft_tokens": 99}, "num_draft_tokens"),
+    ({"text_input": "x " * 3000}, "context window"),
+]
+
+
+@pytest.mark.parametrize("change,field", BAD, ids=[f for _, f in BAD])
+def test_bad_input_is_a_named_400(server, change, field):
+    body = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    status, reply = post(server, "/v2/models/ensemble/generate", body)
+    assert status == 400, reply
+    assert field in reply["error"]
+
+
+@pytest.mark.parametrize("name,dtype,shape", [
+    ("max_tokens", "INT64", [1]), ("temperature", "FP32", [2]), ("seed", "INT32", [1])])
+def test_wrong_dtype_or_shape_is_refused_naming_the_input(server, name, dtype, shape):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import triton_to_np_dtype
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"def f():"], dtype=object))
+    bad = grpcclient.InferInput(name, shape, dtype)
+    bad.set_data_from_numpy(np.ones(shape, dtype=triton_to_np_dtype(dtype)))
+    errors = []
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: errors.append(error))
+    client.async_stream_infer("ensemble", [text, bad])
+    assert wait_for(lambda: errors, 10)
+    client.stop_stream()
+    assert errors[0] is not None and name in errors[0].message()
+
+
+def test_invalid_utf8_is_a_named_400(server):
+    from tritonclient.utils import InferenceServerException
+    import numpy as np
+    import tritonclient.http as httpclient
+    client = httpclient.InferenceServerClient(server.http)
+    text = httpclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"\xff\xfe bad"], dtype=object))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("preprocessing", [text])
+    assert "text_input" in str(err.value) and "UTF-8" in str(err.value)
+
+
+def test_bad_requests_do_not_disturb_good_ones(server):
+    bodies = [GOOD if i % 2 else {**GOOD, "top_p": 2.0} for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda b: post(server, "/v2/models/ensemble/generate", b), bodies))
+    for body, (status, reply) in zip(bodies, replies):
+        assert status == (200 if body is GOOD else 400), reply
+    assert generate(server.http, GOOD["text_input"], GenerationParams(max_tokens=8)).text
+
+
+def wait_for(predicate, timeout=20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def test_cancelled_grpc_stream_releases_its_sequence(server):
+    prompt = heldout_prompts(1)[0]
+    stream = grpc_stream(server.grpc, prompt, GenerationParams(max_tokens=1000, num_draft_tokens=4))
+    it = iter(stream)
+    next(it)
+    assert server.metric("specdec_active_sequences") == 1
+    stream.cancel()
+    assert wait_for(lambda: server.metric("specdec_active_sequences") == 0)
+    assert wait_for(lambda: server.metric("specdec_kv_slots_used", model="target_model") == 0)
+    assert server.metric("specdec_kv_slots_used", model="draft_model") == 0
+    # The server still serves.
+    assert generate(server.http, prompt, GenerationParams(max_tokens=4)).num_output_tokens == 4
+
+
+def test_finished_and_failed_requests_release_their_sequences(server):
+    generate(server.http, "import os", GenerationParams(max_tokens=16, num_draft_tokens=3))
+    post(server, "/v2/models/ensemble/generate", {**GOOD, "top_k": -1})
+    assert wait_for(lambda: server.metric("specdec_active_sequences") == 0)
+    assert server.metric("specdec_kv_slots_used", model="target_model") == 0
+    assert server.metric("specdec_kv_slots_total", model="target_model") > 0

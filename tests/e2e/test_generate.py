@@ -1,0 +1,89 @@
+"""End to end on a real tritonserver: HTTP generate / generate_stream, gRPC streaming, exactness."""
+import json
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from specdec_client import GenerationParams, generate, generate_stream, grpc_stream
+from tests.e2e.conftest import heldout_prompts, post
+
+PROMPTS = heldout_prompts(6)
+
+
+def greedy(k: int, max_tokens: int = 32) -> GenerationParams:
+    return GenerationParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k)
+
+
+def test_http_generate_returns_text_and_statistics(server):
+    r = generate(server.http, PROMPTS[0], greedy(4))
+    assert r.text and r.finish_reason in ("length", "eos", "stop")
+    assert 1 <= r.num_output_tokens <= 32
+    assert r.total_draft_tokens > 0
+    assert 0 <= r.total_accepted_draft_tokens <= r.total_draft_tokens
+    assert r.acceptance_rate == pytest.approx(r.total_accepted_draft_tokens / r.total_draft_tokens)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_speculative_equals_target_alone_at_temperature_zero(server, prompt):
+    spec = generate(server.http, prompt, greedy(4))
+    plain = generate(server.http, prompt, greedy(0))
+    assert plain.total_draft_tokens == 0
+    assert spec.text == plain.text
+    assert spec.num_output_tokens == plain.num_output_tokens
+
+
+def test_streams_concatenate_to_the_non_streamed_text(server):
+    params = GenerationParams(max_tokens=48, temperature=0.7, top_p=0.9, seed=11, num_draft_tokens=3)
+    whole = generate(server.http, PROMPTS[1], params)
+    http_stream = generate_stream(server.http, PROMPTS[1], params)
+    http_pieces = list(http_stream)
+    grpc = grpc_stream(server.grpc, PROMPTS[1], params)
+    grpc_pieces = list(grpc)
+    assert len(http_pieces) > 1 and len(grpc_pieces) > 1
+    assert "".join(http_pieces) == whole.text == "".join(grpc_pieces)
+    for streamed in (http_stream.result, grpc.result):
+        assert streamed.num_output_tokens == whole.num_output_tokens
+        assert streamed.total_accepted_draft_tokens == whole.total_accepted_draft_tokens
+        assert streamed.finish_reason == whole.finish_reason
+
+
+def test_concurrent_requests_equal_their_single_request_output(server):
+    cases = [(p, greedy(k)) for p, k in zip(PROMPTS, (0, 1, 2, 4, 6, 8))] + [
+        (PROMPTS[0], GenerationParams(max_tokens=32, temperature=1.0, seed=5, num_draft_tokens=4)),
+        (PROMPTS[2], GenerationParams(max_tokens=32, temperature=0.8, top_k=20, seed=9,
+                                      num_draft_tokens=2)),
+    ]
+    alone = [generate(server.http, p, params).text for p, params in cases]
+    before = batch_counts(server)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        together = list(pool.map(lambda c: generate(server.http, *c).text, cases))
+    after = batch_counts(server)
+    assert together == alone
+    # Triton's dynamic batcher really put several sequences into one target forward.
+    requests, executions = (a - b for a, b in zip(after, before))
+    assert requests > executions, (requests, executions)
+
+
+def batch_counts(server) -> tuple[int, int]:
+    """target_model's (requests served, model executions) from Triton's statistics."""
+    with urllib.request.urlopen(f"http://{server.http}/v2/models/target_model/stats") as r:
+        stats = json.loads(r.read())["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def test_stop_word_ends_generation_without_showing_it(server):
+    base = generate(server.http, PROMPTS[3], greedy(4, 40)).text
+    word = next(w for w in re.findall(r"(?<= )[A-Za-z]+", base)[1:])
+    r = generate(server.http, PROMPTS[3],
+                 GenerationParams(max_tokens=40, temperature=0, num_draft_tokens=4,
+                                  stop_words=[word]))
+    assert r.finish_reason == "stop"
+    assert word not in r.text and base.startswith(r.text)
+
+
+def test_generate_endpoint_accepts_trtllm_style_json(server):
+    status, body = post(server, "/v2/models/ensemble/generate",
+                        {"text_input": PROMPTS[0], "max_tokens": 8, "temperature": 0.0})
+    assert status == 200 and body["num_output_tokens"] == 8 and body["text_output"]
