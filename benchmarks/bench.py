@@ -1,0 +1,1012 @@
+"""One benchmark run: Triton target-only vs speculative (per K) vs transformers, on one machine.
+
+Starts its own tritonserver (the project's launcher, free loopback ports, its own backend
+directory), sends every setting the same prompts with the same max_tokens at temperature 0, then
+runs transformers' `generate` (target alone, and assisted by the draft) in this process on the
+same prompts for the same number of tokens. Everything printed and written comes from this run.
+
+The project's own engine and loop are also run in this process without Triton (K=0 and the
+best K), to split the Triton per-call times into model compute and serving transport.
+
+Per setting: single-stream output tokens/s, TTFT and inter-token latency p50/p99 (server
+settings measured client-side over gRPC streaming; transformers settings from a streamer),
+acceptance rate a and mean tokens per round (from the server's metric deltas), the measured
+draft/target cost ratio c, the theoretical speedup S(a, c, K), efficiency = measured speedup / S,
+and the time per round split into draft, verify and orchestration overhead. Then aggregate
+throughput at several concurrencies for target-only and the best K.
+
+    .venv/bin/python benchmarks/bench.py [--quick] [--target DIR --draft DIR] [--out FILE]
+
+Progress goes to stderr; markdown tables to stdout; everything to the JSON file (--out).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import queue
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TARGET = ROOT / "models" / "default" / "target"
+DEFAULT_DRAFT = ROOT / "models" / "default" / "draft"
+DEFAULT_PROMPTS = ROOT / "models" / "default" / "heldout_prompts.jsonl"
+ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
+T_START = time.monotonic()
+
+
+def log(msg: str) -> None:
+    el = time.monotonic() - T_START
+    print(f"[bench {int(el // 60):02d}:{el % 60:04.1f}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no data."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def theoretical_speedup(a: float, c: float, k: int) -> float:
+    """Expected speedup of draft-model speculation (Leviathan et al. 2023, eq. 1 / Thm 3.8):
+    tokens per round (1 - a^(K+1)) / (1 - a) over the round's cost (cK + 1) target passes."""
+    if k == 0:
+        return 1.0
+    tokens = (k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    return tokens / (c * k + 1.0)
+
+
+@dataclass
+class Req:
+    """One request's client-side timings."""
+    prompt_index: int
+    tokens: int
+    total_s: float
+    ttft_s: float | None
+    chunk_times_s: list[float]       # arrival of each non-empty piece, from the request's start
+    chunk_tokens: list[int]          # tokens each piece carried
+    text: str = ""
+    finish_reason: str | None = None
+
+    def itl(self) -> list[float]:
+        """Per-token inter-token latencies: each gap between pieces, split over its tokens."""
+        out: list[float] = []
+        for j in range(1, len(self.chunk_times_s)):
+            n = max(self.chunk_tokens[j], 1)
+            out += [(self.chunk_times_s[j] - self.chunk_times_s[j - 1]) / n] * n
+        return out
+
+
+def latency_summary(reqs: list[Req]) -> dict:
+    ttft = [r.ttft_s for r in reqs if r.ttft_s is not None]
+    itl = [x for r in reqs for x in r.itl()]
+    tokens = sum(r.tokens for r in reqs)
+    busy = sum(r.total_s for r in reqs)
+    return {
+        "requests": len(reqs),
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / busy if busy else None,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "mean_tokens_per_chunk": tokens / max(sum(len(r.chunk_times_s) for r in reqs), 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The server: start, metrics, memory, stop
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proc_tree(pid: int) -> list[int]:
+    """pid and all its descendants (via /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _status_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Server:
+    """A tritonserver of our own (its own process group, ports and backend directory)."""
+
+    def __init__(self, target: Path, draft: Path, max_sequences: int, max_seq_len: int,
+                 startup_timeout_s: float, workdir: Path, extra_env: dict[str, str]):
+        self.http, self.grpc, self.metrics_port = _free_port(), _free_port(), _free_port()
+        self.log_path = workdir / "tritonserver.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+        env.update(SPECDEC_TARGET_MODEL=str(target), SPECDEC_DRAFT_MODEL=str(draft),
+                   SPECDEC_MAX_SEQUENCES=str(max_sequences), SPECDEC_MAX_SEQ_LEN=str(max_seq_len))
+        env.update(extra_env)
+        self.env = {k: v for k, v in env.items() if k.startswith("SPECDEC_")}
+        cmd = [sys.executable, "-m", "specdec.serving.launch", f"--http-port={self.http}",
+               f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics_port}",
+               f"--backend-directory={workdir / 'backends'}", "--exit-timeout-secs=10"]
+        log(f"starting tritonserver (HTTP {self.http}, gRPC {self.grpc}, metrics "
+            f"{self.metrics_port}), log {self.log_path}")
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.peak_rss_kb = 0
+        self._stop_sampling = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
+        self._sampler.start()
+        t0 = time.monotonic()
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() - t0 > startup_timeout_s:
+                tail = self.log_path.read_text(errors="replace")[-4000:]
+                self.stop()
+                raise SystemExit(f"tritonserver did not become ready:\n{tail}")
+            time.sleep(1)
+        self.startup_s = time.monotonic() - t0
+        log(f"tritonserver ready after {self.startup_s:.1f} s")
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc}"
+
+    def _ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.http}/v2/health/ready"
+            return urllib.request.urlopen(url, timeout=2).status == 200
+        except OSError:
+            return False
+
+    def _sample_rss(self) -> None:
+        while not self._stop_sampling.is_set():
+            rss = sum(_status_kb(p, "VmRSS") for p in _proc_tree(self.proc.pid))
+            self.peak_rss_kb = max(self.peak_rss_kb, rss)
+            self._stop_sampling.wait(0.5)
+
+    def memory(self) -> dict:
+        """Peak RSS of the process tree: sampled sum (every 0.5 s), and the sum of each
+        process's own high-water mark (an upper bound: the peaks need not coincide)."""
+        tree = _proc_tree(self.proc.pid)
+        return {"peak_rss_bytes": self.peak_rss_kb * 1024,
+                "sum_of_process_peak_rss_bytes": sum(_status_kb(p, "VmHWM") for p in tree) * 1024,
+                "processes": len(tree)}
+
+    def metrics(self) -> dict[str, float]:
+        """Every specdec_* sample of the orchestrator, summed over its other labels."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.startswith("specdec_") or f'model="{ORCHESTRATOR}"' not in line:
+                continue
+            name = line.split("{", 1)[0]
+            if name.endswith("_bucket"):
+                continue
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        self._stop_sampling.set()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def metric_delta(before: dict, after: dict) -> dict:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def settle_metrics(server: Server, before: dict, output_tokens: int) -> dict:
+    """Metric deltas once the server has counted every output token the client received."""
+    deadline = time.monotonic() + 10
+    while True:
+        d = metric_delta(before, server.metrics())
+        if d.get("specdec_output_tokens_total", 0) >= output_tokens or time.monotonic() > deadline:
+            return d
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Server requests (gRPC streaming)
+
+
+class GrpcClient:
+    """One channel; one bidirectional stream per request, as a streaming client keeps its
+    connection. Inputs take the rank the ensemble's metadata declares ([1] for max_batch_size 0,
+    [1, 1] when batched) instead of assuming one; times are taken in the response callback."""
+
+    def __init__(self, url: str):
+        from tritonclient.grpc import InferenceServerClient
+        self.client = InferenceServerClient(url)
+        meta = self.client.get_model_metadata("ensemble")
+        self.ranks = {i.name: len(i.shape) for i in meta.inputs}
+
+    def _inputs(self, prompt: str, k: int, max_tokens: int) -> list:
+        import numpy as np
+        from tritonclient.grpc import InferInput
+        values = (("text_input", "BYTES", np.array([prompt.encode()], object)),
+                  ("stream", "BOOL", np.array([True])),
+                  ("max_tokens", "INT32", np.array([max_tokens], np.int32)),
+                  ("temperature", "FP32", np.array([0.0], np.float32)),
+                  ("num_draft_tokens", "INT32", np.array([k], np.int32)))
+        out = []
+        for name, dtype, arr in values:
+            arr = arr.reshape((1,) * self.ranks.get(name, 1))
+            t = InferInput(name, list(arr.shape), dtype)
+            t.set_data_from_numpy(arr)
+            out.append(t)
+        return out
+
+    def request(self, prompt: str, index: int, k: int, max_tokens: int,
+                timeout_s: float = 300.0) -> Req:
+        import uuid
+        q: queue.Queue = queue.Queue()
+        inputs = self._inputs(prompt, k, max_tokens)
+        self.client.start_stream(
+            callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+        try:
+            t0 = time.perf_counter()
+            self.client.async_stream_infer("ensemble", inputs, request_id=uuid.uuid4().hex,
+                                           enable_empty_final_response=True)
+            times, counts, pieces, seen, finish = [], [], [], 0, None
+            while True:
+                t, result, error = q.get(timeout=timeout_s)
+                if error is not None:
+                    raise RuntimeError(f"server error: {error}")
+                text = result.as_numpy("text_output")
+                n = result.as_numpy("num_output_tokens")
+                reason = result.as_numpy("finish_reason")
+                piece = b"".join(text.reshape(-1)).decode("utf-8", "replace") if (
+                    text is not None and text.size) else ""
+                # A chunk is a response that carries new tokens (its text may be held back
+                # a little by the streaming detokenizer; token arrival is what is timed).
+                if n is not None and n.size and int(n.reshape(-1)[0]) > seen:
+                    times.append(t - t0)
+                    counts.append(int(n.reshape(-1)[0]) - seen)
+                    seen = int(n.reshape(-1)[0])
+                if piece:
+                    pieces.append(piece)
+                if reason is not None and reason.size and reason.reshape(-1)[0]:
+                    finish = reason.reshape(-1)[0].decode()
+                params = result.get_response().parameters
+                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    break
+            total = time.perf_counter() - t0
+        finally:
+            self.client.stop_stream()
+        return Req(index, seen, total, times[0] if times else None, times, counts,
+                   "".join(pieces), finish)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def server_request(url: str, prompt: str, index: int, k: int, max_tokens: int) -> Req:
+    c = GrpcClient(url)
+    try:
+        return c.request(prompt, index, k, max_tokens)
+    finally:
+        c.close()
+
+
+def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: int,
+                 concurrency: int, label: str, progress: bool = True) -> tuple[list[Req], float]:
+    """Send prompts through `concurrency` streams; returns (requests, wall seconds)."""
+    todo: queue.Queue = queue.Queue()
+    for p in prompts:
+        todo.put(p)
+    done: list[Req] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(client):
+        try:
+            work(client)
+        finally:
+            client.close()
+
+    def work(client):
+        while not errors:
+            try:
+                i, prompt = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                r = client.request(prompt, i, k, max_tokens)
+            except BaseException as e:  # reported below, after the other streams stop
+                errors.append(e)
+                return
+            with lock:
+                done.append(r)
+                if progress and (concurrency == 1 or len(done) % concurrency == 0
+                                 or len(done) == len(prompts)):
+                    log(f"{label}: {len(done)}/{len(prompts)} requests")
+
+    clients = [GrpcClient(url) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{label}: request failed: {errors[0]!r}") from errors[0]
+    return sorted(done, key=lambda r: r.prompt_index), wall
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers in process
+
+
+class TimingStreamer:
+    """A transformers streamer that only timestamps: the first put is the prompt."""
+
+    def __init__(self, sync):
+        self.sync = sync
+        self.t0 = 0.0
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self._prompt_seen = False
+
+    def start(self):
+        self.t0, self.times, self.counts, self._prompt_seen = time.perf_counter(), [], [], False
+
+    def put(self, value):
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.sync()
+        self.times.append(time.perf_counter() - self.t0)
+        self.counts.append(int(value.numel()))
+
+    def end(self):
+        pass
+
+
+def hf_run(label: str, model, tokenizer, prompts: list[tuple[int, str]], lengths: dict[int, int],
+           device, assistant, warmup: int, sync) -> tuple[list[Req], list[list[int]]]:
+    import torch
+    streamer = TimingStreamer(sync)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = model.generation_config.eos_token_id
+
+    def one(i: int, prompt: str, n: int) -> tuple[Req, list[int]]:
+        enc = tokenizer(prompt, return_tensors="pt")
+        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, temperature=None,
+                  top_p=None, top_k=None, pad_token_id=eos, eos_token_id=eos, streamer=streamer)
+        if assistant is not None:
+            kw["assistant_model"] = assistant
+        sync()
+        streamer.start()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, **kw)
+        sync()
+        total = time.perf_counter() - streamer.t0
+        new = out[0, ids.shape[1]:].tolist()
+        return (Req(i, len(new), total, streamer.times[0] if streamer.times else None,
+                    list(streamer.times), list(streamer.counts)), new)
+
+    for j in range(warmup):
+        i, p = prompts[j % len(prompts)]
+        one(i, p, lengths[i])
+    reqs, outs = [], []
+    for i, p in prompts:
+        r, new = one(i, p, lengths[i])
+        reqs.append(r)
+        outs.append(new)
+        log(f"{label}: {len(reqs)}/{len(prompts)} prompts, {r.tokens / r.total_s:.1f} tok/s")
+    return reqs, outs
+
+
+def engine_runs(target: Path, draft: Path, tokenizer, prompts: list[tuple[int, str]],
+                ks: list[int], max_tokens: int, max_seq_len: int, dtype, device,
+                warmup: int) -> list[dict]:
+    """The project's own engine and loop in this process, without Triton: what the model
+    computation costs per round, so that the Triton figures can be split into compute and
+    transport (BLS calls, stub processes, pre/postprocessing, gRPC)."""
+    import asyncio
+
+    from specdec.config import ModelArgs
+    from specdec.engine import Engine
+    from specdec.local import LocalDrafter, LocalVerifier
+    from specdec.loop import Request, speculate
+
+    args = ModelArgs.from_dir(target)
+    vocab = args.vocab_size
+    tgt = Engine.load(str(target), 1, max_seq_len, dtype, device, vocab_size=vocab)
+    drf = Engine.load(str(draft), 1, max_seq_len, dtype, device, vocab_size=vocab)
+    ids = {i: tokenizer(p)["input_ids"] for i, p in prompts}
+    seq = iter(range(1, 1 << 62))
+
+    def one(i: int, k: int) -> tuple[Req, object]:
+        times, counts = [], []
+        req = Request(ids[i], max_tokens, k, eos=args.eos_token_ids)
+
+        def emit(chunk):
+            if chunk.tokens:
+                times.append(time.perf_counter() - t0)
+                counts.append(len(chunk.tokens))
+
+        t0 = time.perf_counter()
+        stats = asyncio.run(speculate(next(seq), req, LocalDrafter(drf), LocalVerifier(tgt),
+                                      max_seq_len, emit))
+        total = time.perf_counter() - t0
+        return Req(i, stats.num_output_tokens, total, times[0] if times else None, times,
+                   counts), stats
+
+    rows = []
+    for k in ks:
+        label = f"engine in-process K={k}" if k else "engine in-process target-only"
+        for j in range(warmup):
+            one(prompts[j % len(prompts)][0], k)
+        reqs, draft_s, verify_s, rounds, drafted, accepted = [], 0.0, 0.0, 0, 0, 0
+        for i, _ in prompts:
+            r, st = one(i, k)
+            reqs.append(r)
+            draft_s += st.draft_s
+            verify_s += st.verify_s
+            rounds += st.rounds
+            drafted += st.total_draft_tokens
+            accepted += st.total_accepted_draft_tokens
+        wall = sum(r.total_s for r in reqs)
+        row = {"setting": label, "k": k, "backend": "specdec engine", **latency_summary(reqs),
+               "acceptance_rate": accepted / drafted if drafted else None,
+               "tokens_per_round": (accepted + rounds) / rounds,
+               "draft_per_token_s": draft_s / drafted if drafted else None,
+               "round": {"rounds": rounds, "drafted_per_round": drafted / rounds,
+                         "wall_s": wall / rounds, "draft_s": draft_s / rounds,
+                         "verify_s": verify_s / rounds,
+                         "overhead_s": (wall - draft_s - verify_s) / rounds},
+               "per_request": [asdict(r) for r in reqs]}
+        rows.append(row)
+        log(f"{label}: {row['tokens_per_s']:.1f} tok/s")
+    base = rows[0]
+    t0_verify = base["round"]["verify_s"]
+    for row in rows:
+        k = row["k"]
+        row["speedup_vs_own_target_only"] = row["tokens_per_s"] / base["tokens_per_s"]
+        if k and row["draft_per_token_s"] is not None:
+            c = row["draft_per_token_s"] / t0_verify
+            row["c"] = c
+            row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], c, k)
+            row["efficiency"] = row["speedup_vs_own_target_only"] / row["theoretical_speedup"]
+            row["speedup_model_measured_tokens"] = row["tokens_per_round"] / (c * k + 1.0)
+    return rows
+
+
+def hf_load(path: Path, dtype, device):
+    from transformers import AutoModelForCausalLM
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    except TypeError:  # transformers < 4.56 spells it torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+    return model.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment facts
+
+
+def machine() -> dict:
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(),
+            "cpu_affinity": (len(os.sched_getaffinity(0))
+                             if hasattr(os, "sched_getaffinity") else None),
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+            "python": platform.python_version()}
+    try:
+        info["memory_bytes"] = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+    return info
+
+
+def git_state() -> dict:
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"),
+            "modified_tracked_files": status.splitlines() if status else []}
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+    out = {}
+    for pkg in ("torch", "transformers", "tokenizers", "nvidia-pytriton", "tritonclient"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def other_tritonservers(own: int | None = None) -> int:
+    """tritonserver processes on this machine that are not ours (they share the CPU/GPU)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == own:
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                n += f.read().strip() == "tritonserver"
+        except OSError:
+            pass
+    return n
+
+
+def load_snapshot(own: int | None = None) -> dict:
+    return {"loadavg_1_5_15": list(os.getloadavg()),
+            "other_tritonserver_processes": other_tritonservers(own)}
+
+
+def kv_pool_bytes(target: Path, draft: Path, max_sequences: int, max_seq_len: int, dtype) -> dict:
+    from specdec.config import ModelArgs
+    from specdec.kv_cache import KVCache
+    out = {}
+    for role, path in (("target", target), ("draft", draft)):
+        a = ModelArgs.from_dir(path)
+        out[role] = KVCache.bytes_needed(a.num_layers, max_sequences, max_seq_len,
+                                         a.num_kv_heads, a.head_dim, dtype)
+    out["total"] = out["target"] + out["draft"]
+    out.update(max_sequences=max_sequences, max_seq_len=max_seq_len, dtype=str(dtype))
+    return out
+
+
+def load_prompts(path: Path, n: int, strict: bool = True) -> list[str]:
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        prompts.append(json.loads(line)["prompt"] if path.suffix == ".jsonl" else line)
+        if len(prompts) == n:
+            break
+    if len(prompts) < n and strict:
+        raise SystemExit(f"{path}: {len(prompts)} prompts, --prompts asks for {n}")
+    return prompts
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def ms(x) -> str:
+    return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def num(x, fmt="{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def tables(report: dict) -> str:
+    rows = report["single_stream"]
+    lines = ["### Single stream", "",
+             "| setting | K | tok/s | speedup | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+             "| ITL p99 ms "
+             "| a | tokens/round | c | S (theory) | efficiency | S (measured tokens/round) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {'-' if r['k'] is None else r['k']} "
+            f"| {num(r['tokens_per_s'], '{:.1f}')} "
+            f"| {num(r['speedup'])} | {ms(r['ttft_p50_s'])} | {ms(r['ttft_p99_s'])} "
+            f"| {ms(r['itl_p50_s'])} | {ms(r['itl_p99_s'])} | {num(r.get('acceptance_rate'))} "
+            f"| {num(r.get('tokens_per_round'))} | {num(r.get('c'), '{:.3f}')} "
+            f"| {num(r.get('theoretical_speedup'))} | {num(r.get('efficiency'))} "
+            f"| {num(r.get('speedup_model_measured_tokens'))} |")
+    lines += ["", "### Time per round (server, single stream)", "",
+              "| setting | rounds | drafted/round | wall/round ms | draft ms | verify ms | "
+              "overhead ms | draft % | verify % | overhead % | verify / verify(K=0) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s = r.get("round")
+        if not s:
+            continue
+        w = s["wall_s"]
+        lines.append(
+            f"| {r['setting']} | {s['rounds']} | {s['drafted_per_round']:.2f} | {ms(w)} "
+            f"| {ms(s['draft_s'])} | {ms(s['verify_s'])} "
+            f"| {ms(s['overhead_s'])} | {100 * s['draft_s'] / w:.0f} "
+            f"| {100 * s['verify_s'] / w:.0f} "
+            f"| {100 * s['overhead_s'] / w:.0f} | {num(s.get('verify_vs_k0'))} |")
+    if report.get("concurrency"):
+        lines += ["", "### Concurrency (server)", "",
+                  "| setting | streams | requests | aggregate tok/s | per-stream tok/s "
+                  "| TTFT p50 ms "
+                  "| ITL p50 ms | a | drafted/round |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in report["concurrency"]:
+            lines.append(
+                f"| {r['setting']} | {r['concurrency']} | {r['requests']} "
+                f"| {num(r['aggregate_tokens_per_s'], '{:.1f}')} "
+                f"| {num(r['tokens_per_s'], '{:.1f}')} "
+                f"| {ms(r['ttft_p50_s'])} | {ms(r['itl_p50_s'])} | {num(r.get('acceptance_rate'))} "
+                f"| {num(r.get('mean_k_drafted'))} |")
+    if report.get("engine"):
+        lines += ["", "### The same engine and loop in process, without Triton", "",
+                  "| setting | tok/s | TTFT p50 ms | ITL p50 ms | a | tokens/round | c "
+                  "| S (theory) | speedup vs its target-only | efficiency | drafted/round "
+                  "| wall/round ms | draft ms | verify ms | loop ms |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in report["engine"]:
+            s = r["round"]
+            lines.append(
+                f"| {r['setting']} | {num(r['tokens_per_s'], '{:.1f}')} | {ms(r['ttft_p50_s'])} "
+                f"| {ms(r['itl_p50_s'])} | {num(r.get('acceptance_rate'))} "
+                f"| {num(r['tokens_per_round'])} | {num(r.get('c'), '{:.3f}')} "
+                f"| {num(r.get('theoretical_speedup'))} | {num(r['speedup_vs_own_target_only'])} "
+                f"| {num(r.get('efficiency'))} | {s['drafted_per_round']:.2f} | {ms(s['wall_s'])} "
+                f"| {ms(s['draft_s'])} | {ms(s['verify_s'])} | {ms(s['overhead_s'])} |")
+    m = report["memory"]
+    kv = m["kv_pool_bytes"]
+    lines += ["", "### Memory", "",
+              f"- KV slot pool: target {kv['target'] / 2**20:.1f} MiB + draft "
+              f"{kv['draft'] / 2**20:.1f} MiB = {kv['total'] / 2**20:.1f} MiB "
+              f"({kv['max_sequences']} slots (+1 scratch) x {kv['max_seq_len']} tokens, "
+              f"{kv['dtype']})",
+              f"- tritonserver process tree peak RSS: "
+              f"{m['server']['peak_rss_bytes'] / 2**20:.0f} MiB "
+              f"sampled every 0.5 s ({m['server']['processes']} processes; sum of per-process "
+              f"peaks {m['server']['sum_of_process_peak_rss_bytes'] / 2**20:.0f} MiB)"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
+    ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS,
+                    help="JSON lines with a 'prompt' field, or a text file, one prompt per line")
+    ap.add_argument("--prompts", type=int,
+                    help="use the first N prompts (default 64, or all the file has)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per request (default 64)")
+    ap.add_argument("--ks", help="speculative K values, comma-separated (default 1,2,4,6,8)")
+    ap.add_argument("--concurrency", help="streams for the throughput runs (default 1,4,16)")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up requests before each setting")
+    ap.add_argument("--max-seq-len", type=int,
+                    help="server KV slot length (default min(1024, max_position_embeddings))")
+    ap.add_argument("--server-env", action="append", default=[], metavar="SPECDEC_KEY=VALUE",
+                    help="extra server setting, repeatable (e.g. SPECDEC_SPEC_FULL_BELOW=64 "
+                         "SPECDEC_SPEC_OFF_AT=65 to keep full K at any load)")
+    ap.add_argument("--no-engine", action="store_true",
+                    help="skip the in-process specdec engine runs (target-only and best K)")
+    ap.add_argument("--no-hf", action="store_true", help="skip the in-process transformers runs")
+    ap.add_argument("--quick", action="store_true",
+                    help="development run: 4 prompts, max_tokens 32, K 2,4, concurrency 1,4")
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench.json")
+    args = ap.parse_args(argv)
+    args.prompts_explicit = args.prompts is not None
+    quick = dict(prompts=4, max_tokens=32, ks="2,4", concurrency="1,4")
+    full = dict(prompts=64, max_tokens=64, ks="1,2,4,6,8", concurrency="1,4,16")
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.ks = sorted({int(k) for k in str(args.ks).split(",") if k.strip()} - {0})
+    if any("=" not in e or not e.startswith("SPECDEC_") for e in args.server_env):
+        ap.error("--server-env takes SPECDEC_KEY=VALUE")
+    args.server_env = dict(e.split("=", 1) for e in args.server_env)
+    args.concurrency = sorted({int(c) for c in str(args.concurrency).split(",") if c.strip()})
+    if min(args.concurrency) < 1 or args.prompts < 1 or args.max_tokens < 1:
+        ap.error("--prompts, --max-tokens and --concurrency must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # A plain `kill` stops our tritonserver too (the `finally` below runs on SystemExit).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    import torch
+
+    from specdec.config import ModelArgs
+    from specdec.serving.settings import EngineSettings
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    engine = EngineSettings()                 # the server's auto device and dtype
+    device, dtype = engine.torch_device(), engine.torch_dtype()
+    targs, dargs = ModelArgs.from_dir(args.target), ModelArgs.from_dir(args.draft)
+    max_seq_len = args.max_seq_len or min(1024, targs.max_position_embeddings,
+                                          dargs.max_position_embeddings)
+    max_sequences = max(args.concurrency)
+    prompts = list(enumerate(load_prompts(args.prompts_file, args.prompts,
+                                          strict=args.prompts_explicit)))
+    log(f"{len(prompts)} prompts from {args.prompts_file}, max_tokens {args.max_tokens}, "
+        f"K {args.ks}, concurrency {args.concurrency}, {device} {dtype}")
+
+    report: dict = {
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
+        "cwd": os.getcwd(),
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "git": git_state(),
+        "versions": versions(),
+        "config": {"target": str(args.target), "draft": str(args.draft),
+                   "prompts_file": str(args.prompts_file), "prompts": len(prompts),
+                   "max_tokens": args.max_tokens, "temperature": 0.0, "ks": args.ks,
+                   "concurrency": args.concurrency, "warmup": args.warmup,
+                   "device": str(device), "dtype": str(dtype), "max_sequences": max_sequences,
+                   "max_seq_len": max_seq_len,
+                   "target_params": None, "draft_params": None},
+        "method": {
+            "server_timing": "client-side, gRPC streaming on tritonclient (one channel per "
+                             "stream, one bidirectional stream per request), perf_counter from "
+                             "before the request is sent to each response's callback",
+            "tokens_per_s": "sum of output tokens / sum of request wall times (single stream)",
+            "ttft": "request sent -> first response carrying output tokens",
+            "itl": "per token: each gap between responses carrying tokens, divided by the "
+                   "tokens the later one carried (a round's tokens arrive together)",
+            "hf_ttft": "from a timing streamer (first put after the prompt), same call as tok/s",
+            "hf_lengths": "each prompt gets max_new_tokens = min_new_tokens = the token count the "
+                          "server produced for it at K=0, so every setting emits the same tokens",
+            "acceptance": "server metric deltas over the measured requests: a = accepted/drafted, "
+                          "tokens/round = (accepted + rounds)/rounds",
+            "c": "(draft_latency _sum / drafted tokens) / (verify_latency _sum/_count at K=0)",
+            "theoretical_speedup": "S = (1 - a^(K+1)) / ((1 - a)(cK + 1))",
+            "efficiency": "measured speedup over Triton target-only (tok/s ratio) / S",
+            "round_split": "wall/round = client request time / rounds; draft and verify from the "
+                           "latency histograms' _sum / rounds (each is one BLS call as the "
+                           "orchestrator times it, transport included); overhead = wall - draft - "
+                           "verify (orchestration, pre/postprocessing, ensemble, gRPC)",
+            "engine": "specdec.engine + specdec.loop in this process (specdec.local drafter and "
+                      "verifier, no Triton), same prompts, K=0 and the best K: the compute "
+                      "share of the Triton calls; loop ms = wall - draft - verify",
+            "hf_assisted": "transformers assisted generation with its own defaults for the "
+                           "number of draft tokens (see assistant_settings)",
+        },
+    }
+    for role, path in (("target", args.target), ("draft", args.draft)):
+        try:
+            from safetensors import safe_open
+            total = 0
+            for f in sorted(Path(path).glob("*.safetensors")):
+                with safe_open(str(f), "pt") as st:
+                    for name in st.keys():
+                        total += _numel(st.get_slice(name).get_shape())
+            report["config"][f"{role}_params"] = total
+        except Exception:  # informational only
+            pass
+
+    report["load_at_start"] = load_snapshot()
+    if report["load_at_start"]["other_tritonserver_processes"]:
+        log(f"note: {report['load_at_start']['other_tritonserver_processes']} other tritonserver "
+            f"process(es) running on this machine; figures may be disturbed")
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-bench-"))
+    server = Server(args.target, args.draft, max_sequences, max_seq_len, args.startup_timeout,
+                    workdir, args.server_env)
+    report["server"] = {"startup_s": server.startup_s, "env": server.env,
+                        "log": str(server.log_path)}
+    single: list[dict] = []
+    conc: list[dict] = []
+    lengths: dict[int, int] = {}
+    k0_texts: dict[int, str] = {}
+    try:
+        url = server.grpc_url
+        k0_verify = None
+        for k in [0] + args.ks:
+            label = "triton target-only" if k == 0 else f"triton K={k}"
+            for j in range(args.warmup):
+                server_request(url, prompts[j % len(prompts)][1], -1, k, args.max_tokens)
+            before = server.metrics()
+            reqs, _ = run_requests(url, prompts, k, args.max_tokens, 1, label)
+            d = settle_metrics(server, before, sum(r.tokens for r in reqs))
+            row = {"setting": label, "k": k, "backend": "triton", **latency_summary(reqs)}
+            rounds = d.get("specdec_rounds_total", 0)
+            drafted = d.get("specdec_draft_tokens_total", 0)
+            accepted = d.get("specdec_accepted_tokens_total", 0)
+            draft_sum = d.get("specdec_draft_latency_seconds_sum", 0)
+            verify_sum = d.get("specdec_verify_latency_seconds_sum", 0)
+            verify_count = d.get("specdec_verify_latency_seconds_count", 0)
+            if k == 0:
+                k0_verify = verify_sum / verify_count
+                for r in reqs:
+                    lengths[r.prompt_index] = r.tokens
+                    k0_texts[r.prompt_index] = r.text
+            else:
+                row["acceptance_rate"] = accepted / drafted if drafted else None
+                row["c"] = (draft_sum / drafted) / k0_verify if drafted else None
+                row["same_text_as_k0"] = sum(r.text == k0_texts.get(r.prompt_index) for r in reqs)
+            row["tokens_per_round"] = (accepted + rounds) / rounds if rounds else None
+            row["output_tokens_metric"] = d.get("specdec_output_tokens_total")
+            row["finish_reasons"] = sorted({str(r.finish_reason) for r in reqs})
+            wall = sum(r.total_s for r in reqs)
+            row["round"] = {"rounds": int(rounds), "wall_s": wall / rounds,
+                            "drafted_per_round": drafted / rounds,
+                            "draft_s": draft_sum / rounds, "verify_s": verify_sum / rounds,
+                            "overhead_s": (wall - draft_sum - verify_sum) / rounds,
+                            "verify_call_s": verify_sum / verify_count,
+                            "draft_call_s": (
+                                draft_sum / d["specdec_draft_latency_seconds_count"]
+                                if d.get("specdec_draft_latency_seconds_count") else None),
+                            "verify_vs_k0": (verify_sum / verify_count) / k0_verify}
+            row["metric_deltas"] = d
+            row["per_request"] = [{**asdict(r), "text": None} for r in reqs]
+            single.append(row)
+            log(f"{label}: {row['tokens_per_s']:.1f} tok/s"
+                + (f", a={row['acceptance_rate']:.3f}, c={row['c']:.3f}" if k else ""))
+        base = single[0]["tokens_per_s"]
+        for row in single:
+            k = row["k"]
+            row["speedup"] = row["tokens_per_s"] / base
+            if k and row["acceptance_rate"] is not None and row["c"] is not None:
+                a, c = row["acceptance_rate"], row["c"]
+                row["theoretical_speedup"] = theoretical_speedup(a, c, k)
+                row["efficiency"] = row["speedup"] / row["theoretical_speedup"]
+                # The same cost model with the measured tokens per round instead of the i.i.d.
+                # acceptance formula (acceptance is not i.i.d. across positions in practice).
+                row["speedup_model_measured_tokens"] = row["tokens_per_round"] / (c * k + 1.0)
+        spec = [r for r in single if r["k"]]
+        best = max(spec, key=lambda r: r["tokens_per_s"])["k"] if spec else None
+        report["best_k"] = best
+
+        # Concurrency: target-only and the best K. Streams = 1 reuses the single-stream run.
+        for k in [0] + ([best] if best else []):
+            label = "triton target-only" if k == 0 else f"triton K={k}"
+            for c in args.concurrency:
+                if c == 1:
+                    src = next(r for r in single if r["k"] == k)
+                    conc.append({"setting": label, "k": k, "concurrency": 1,
+                                 "requests": src["requests"], "output_tokens": src["output_tokens"],
+                                 "aggregate_tokens_per_s": src["tokens_per_s"],
+                                 **{x: src[x] for x in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s",
+                                                        "itl_p50_s", "itl_p99_s")},
+                                 "acceptance_rate": src.get("acceptance_rate"),
+                                 "mean_k_drafted": src["round"]["drafted_per_round"],
+                                 "note": "the single-stream run"})
+                    continue
+                n = max(len(prompts), c)
+                batch = [(i, prompts[i % len(prompts)][1]) for i in range(n)]
+                warm = [(i, prompts[i % len(prompts)][1]) for i in range(c)]
+                log(f"{label} x{c}: warm-up ({c} concurrent requests)")
+                run_requests(url, warm, k, args.max_tokens, c, f"{label} x{c} warm-up", False)
+                before = server.metrics()
+                reqs, wall = run_requests(url, batch, k, args.max_tokens, c, f"{label} x{c}")
+                d = settle_metrics(server, before, sum(r.tokens for r in reqs))
+                s = latency_summary(reqs)
+                drafted = d.get("specdec_draft_tokens_total", 0)
+                row = {"setting": label, "k": k, "concurrency": c, **s,
+                       "aggregate_tokens_per_s": s["output_tokens"] / wall, "wall_s": wall,
+                       "acceptance_rate": (d.get("specdec_accepted_tokens_total", 0) / drafted
+                                           if drafted else None),
+                       "rounds": d.get("specdec_rounds_total"),
+                       "mean_k_drafted": (drafted / d["specdec_rounds_total"]
+                                          if d.get("specdec_rounds_total") else None)}
+                conc.append(row)
+                log(f"{label} x{c}: {row['aggregate_tokens_per_s']:.1f} tok/s aggregate")
+        report["memory"] = {"server": server.memory()}
+        report["load_at_end"] = load_snapshot(server.proc.pid)
+    finally:
+        server.stop()
+        shutil.rmtree(workdir / "backends", ignore_errors=True)   # the log stays
+        log("tritonserver stopped")
+
+    report["single_stream"] = single
+    report["concurrency"] = conc
+    report["memory"]["kv_pool_bytes"] = kv_pool_bytes(args.target, args.draft, max_sequences,
+                                                      max_seq_len, dtype)
+
+    import transformers
+    from transformers import AutoTokenizer
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    tok = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+    report["engine"] = []
+    if not args.no_engine:
+        report["engine"] = engine_runs(args.target, args.draft, tok, prompts,
+                                       [0] + ([report["best_k"]] if report.get("best_k") else []),
+                                       args.max_tokens, max_seq_len, dtype, device, args.warmup)
+
+    if not args.no_hf:
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        target = hf_load(args.target, dtype, device)
+        draft = hf_load(args.draft, dtype, device)
+        base = single[0]["tokens_per_s"]
+        for label, assistant in (("transformers generate", None),
+                                 ("transformers assisted", draft)):
+            reqs, outs = hf_run(label, target, tok, prompts, lengths, device, assistant,
+                                args.warmup, sync)
+            row = {"setting": label, "k": None, "backend": "transformers", **latency_summary(reqs)}
+            row["speedup"] = row["tokens_per_s"] / base
+            row["same_text_as_server_k0"] = sum(
+                tok.decode(o, skip_special_tokens=True) == k0_texts[r.prompt_index]
+                for r, o in zip(reqs, outs))
+            if assistant is not None:
+                # What assisted generation used: the draft's generation_config, else the
+                # defaults transformers applies (20 tokens, constant schedule, 0.4 threshold).
+                g = assistant.generation_config
+                row["assistant_settings"] = {
+                    "num_assistant_tokens": getattr(g, "num_assistant_tokens", None) or 20,
+                    "num_assistant_tokens_schedule":
+                        getattr(g, "num_assistant_tokens_schedule", None) or "constant",
+                    "assistant_confidence_threshold":
+                        getattr(g, "assistant_confidence_threshold", None) or 0.4}
+            row["per_request"] = [asdict(r) for r in reqs]
+            single.append(row)
+            log(f"{label}: {row['tokens_per_s']:.1f} tok/s")
+
+    report["load_at_finish"] = load_snapshot()
+    report["duration_s"] = time.monotonic() - T_START
+    md = tables(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    m = report["machine"]
+    print(f"## specdec benchmark, {report['date']}\n\n`{report['command']}`\n\n"
+          f"Machine: {m.get('gpu') or m['cpu']} ({m['cpu_count']} CPUs), torch "
+          f"{report['versions']['torch']}, transformers {report['versions']['transformers']}; "
+          f"{device} {dtype}; {len(prompts)} prompts x {args.max_tokens} tokens, temperature 0; "
+          f"best K = {report.get('best_k')}; run took {report['duration_s'] / 60:.1f} min.\n")
+    print(md)
+    log(f"wrote {args.out} ({report['duration_s'] / 60:.1f} min)")
+    return 0
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+if __name__ == "__main__":
+    sys.exit(main())
