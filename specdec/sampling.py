@@ -45,6 +45,7 @@ class BatchSampling:
     seed_lo: torch.Tensor      # [B] int64 in [0, 2**32)
     seed_hi: torch.Tensor      # [B] int64 in [0, 2**32)
     any_filter: bool           # host flag: skip the sort when no row uses top-k/top-p
+    all_greedy: bool           # host flag: one-hot rows only, no softmax and no random draws
 
     @classmethod
     def stack(cls, params: list[SamplingParams], device: torch.device) -> "BatchSampling":
@@ -57,6 +58,7 @@ class BatchSampling:
             seed_lo=t([p.seed & _MASK32 for p in params], torch.int64),
             seed_hi=t([(p.seed >> 32) & _MASK32 for p in params], torch.int64),
             any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy),
+            all_greedy=all(p.greedy for p in params),
         )
 
 
@@ -79,14 +81,15 @@ def uniforms(s: BatchSampling, positions: torch.Tensor, purpose: int, n: int = 1
 def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     """Processed distributions [B, P, V] (fp32) from logits [B, P, V]: what each row samples."""
     logits = logits.float()
+    one_hot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    if s.all_greedy:
+        return one_hot
     greedy = (s.temperature == 0)[:, None, None]
     temp = torch.where(s.temperature > 0, s.temperature, 1.0)[:, None, None]
     scaled = logits / temp
     if s.any_filter:
         scaled = _top_k_top_p(scaled, s.top_k, s.top_p)
-    probs = torch.softmax(scaled, dim=-1)
-    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.where(greedy, one_hot, probs)
+    return torch.where(greedy, one_hot, torch.softmax(scaled, dim=-1))
 
 
 def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -106,5 +109,7 @@ def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
 
 def sample(probs: torch.Tensor, s: BatchSampling, positions: torch.Tensor, purpose: int) -> torch.Tensor:
     """Token ids [B, P] drawn from probs [B, P, V] by the exponential race."""
+    if s.all_greedy:  # every row is one-hot: the race has one runner
+        return probs.argmax(-1)
     exp = -torch.log(uniforms(s, positions, purpose, probs.shape[-1]))  # [B, P, V]
     return (probs / exp).argmax(-1)

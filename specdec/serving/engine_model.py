@@ -6,6 +6,7 @@ the rest of the batch runs.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .. import names
 from ..config import ModelArgs
@@ -25,6 +26,8 @@ class _EngineModel:
     def __init__(self, pb, model_config: dict):
         self.pb = pb
         s = EngineSettings.parse(parameters(model_config), self.role)
+        if s.torch_device().type == "cpu":
+            torch.set_num_threads(s.threads())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
         self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
                                   s.torch_device(), vocab_size=vocab)

@@ -59,6 +59,7 @@ class EngineSettings:
     max_seq_len: int = 1024       # tokens per slot: prompt + output + draft lookahead
     dtype: str = "auto"           # auto: bfloat16 on CUDA, float32 on the CPU
     device: str = "auto"          # auto: cuda when available
+    cpu_threads: int = 0          # torch threads on the CPU; 0: half the cores (two models)
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
@@ -71,12 +72,18 @@ class EngineSettings:
             raise SettingsError(f"dtype {s.dtype!r}: expected auto or one of {', '.join(_DTYPES)}")
         if s.max_sequences < 1 or s.max_seq_len < 2:
             raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
-        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device)
+        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads)
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def threads(self) -> int:
+        """Draft and target alternate within a sequence and overlap across sequences: each gets
+        half the cores. Measured on 2 vCPUs, default pair: a target step takes 4.3 ms with one
+        thread, 27 ms with two spinning OpenMP threads, 4.9 ms with two passive ones."""
+        return self.cpu_threads or max(1, (os.cpu_count() or 2) // 2)
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
