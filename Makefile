@@ -32,6 +32,12 @@ models: $(STAMP)
 clean:
 	rm -rf $(VENV) .triton .pytest_cache
 
+# One benchmark run (starts and stops its own tritonserver): markdown on stdout, JSON in reports/.
+#   make bench BENCH_ARGS=--quick
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py $(BENCH_ARGS)
+
 # Load test a running server (docs/loadtest.md): make loadtest USERS=8 DURATION=2m K=4,0
 USERS ?= 4
 SPAWN_RATE ?= $(USERS)
