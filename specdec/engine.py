@@ -95,6 +95,8 @@ class Engine:
                     raise SlotError(f"sequence {c.seq_id} appears twice in one batch")
                 if not c.tokens:
                     raise SlotError(f"sequence {c.seq_id}: no tokens to append")
+                if more < 0:
+                    raise SlotError(f"sequence {c.seq_id}: nothing to draft")
                 end = c.start + len(c.tokens) + more
                 if end > self.max_len:
                     raise SlotError(f"sequence {c.seq_id}: {end} tokens exceed max_seq_len "

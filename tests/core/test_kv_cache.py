@@ -63,3 +63,11 @@ def test_draft_with_a_smaller_vocabulary_accepts_target_ids(pair_dir):
     assert len(proposal.tokens) == 3 and max(proposal.tokens) < own
     rejected, = draft.propose([ProposeCall(2, 0, [3, 120], 2, SamplingParams())])
     assert isinstance(rejected, SlotError)  # beyond even the target's vocabulary
+
+
+def test_a_proposal_of_zero_tokens_fails_alone(pair_dir):
+    from specdec.engine import ProposeCall
+    _, draft = engines(pair_dir)
+    bad, good = draft.propose([ProposeCall(1, 0, [4, 5], 0, SamplingParams()),
+                               ProposeCall(2, 0, [4, 5], 3, SamplingParams())])
+    assert isinstance(bad, SlotError) and len(good.tokens) == 3
