@@ -35,3 +35,25 @@ def test_missing_weights_named_in_error(tmp_path):
     (path / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="no \\*.safetensors"):
         load_model(path, torch.float32, "cpu")
+
+
+def test_missing_directory_and_bad_config_are_named(tmp_path):
+    import json
+    from specdec.config import CheckpointError, ModelArgs
+    with pytest.raises(CheckpointError, match="does-not-exist: model directory does not exist"):
+        ModelArgs.from_dir(tmp_path / "does-not-exist")
+    path = make_checkpoint(tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(CheckpointError, match=r"config.json: model_type 'gpt2' is not supported"):
+        ModelArgs.from_dir(path)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json: cannot be read"):
+        ModelArgs.from_dir(path)
+
+
+def test_pool_that_cannot_fit_is_refused_at_load(tmp_path):
+    path = make_checkpoint(tmp_path / "m")
+    with pytest.raises(ValueError, match="lower max_sequences or max_seq_len"):
+        Engine.load(str(path), max_sequences=10**7, max_len=256, dtype=torch.float32,
+                    device=torch.device("cpu"))
