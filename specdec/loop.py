@@ -40,6 +40,9 @@ class Request:
     # Sampled tokens depend on the round structure, so a seeded sampling request keeps its K
     # under load: its output is then a function of its inputs and seed alone.
     fixed_k: bool = False
+    # The first round is the target's prefill alone, so the first token comes as soon as
+    # without speculation; the draft prefills on its first proposal instead.
+    prefill_alone: bool = True
 
 
 @dataclass
@@ -145,8 +148,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 out.finish = "cancelled"
                 break
             n = len(committed)
-            k = max(0, min(allowed_k(req.num_draft_tokens), max_len - n,
-                           req.max_tokens - len(out.tokens) - 1))
+            k = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
+                allowed_k(req.num_draft_tokens), max_len - n, req.max_tokens - len(out.tokens) - 1))
             proposal = Proposal([], None)
             t0 = time.perf_counter()
             if k > 0:

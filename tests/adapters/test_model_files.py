@@ -141,7 +141,7 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
         _, responses = generate(pipeline, PROMPT, num_draft_tokens=3, **fields)
         finished.append(responses[-1])
     _, cancelled = generate(pipeline, PROMPT, max_tokens=30, stream=True,
-                            cancelled=lambda sender: len(sender.sent) >= 1)
+                            cancelled=lambda sender: len(sender.sent) >= 2)
     generate(pipeline, PROMPT, top_p=2.0)
 
     def value(name, **labels):

@@ -240,7 +240,8 @@ def test_admission_times_out_with_unavailable(serving):
 
 def test_models_out_of_slots_answer_unavailable(serving):
     """The orchestrator admits more sequences than the models hold: the extra one is refused by
-    draft_model, and that request alone fails with UNAVAILABLE."""
+    target_model (which opens first, in the prefill round), and that request alone fails with
+    UNAVAILABLE."""
     serving.build(engine_sequences=1)
     orch = serving.orchestrator(max_sequences=2)
     a = orchestrator_request(PROMPTS[0], max_tokens=6)
@@ -251,7 +252,7 @@ def test_models_out_of_slots_answer_unavailable(serving):
     errors = [r.sender.responses()[0] for r in (a, b) if r.sender.responses()[0].has_error()]
     assert len(errors) == 1
     assert errors[0].error().code() == fake_pb.TritonError.UNAVAILABLE
-    assert errors[0].error().message().startswith("draft_model:")
+    assert errors[0].error().message().startswith("target_model:")
     ok = a if errors[0] is b.sender.responses()[0] else b
     assert len(output_ids(ok)) == 6
     assert_all_released(serving)
@@ -264,7 +265,8 @@ def test_model_failure_is_internal_and_releases(serving):
 
     class Broken:
         def execute(self, requests):
-            if not fake_pb.get_input_tensor_by_name(requests[0], names.RELEASE):
+            # Fails once drafts arrive: after the prefill round, with the draft's slot open.
+            if fake_pb.get_input_tensor_by_name(requests[0], names.DRAFT_TOKENS) is not None:
                 raise RuntimeError("target exploded")
             return serving.target.execute(requests)
 
@@ -272,8 +274,8 @@ def test_model_failure_is_internal_and_releases(serving):
     r = orchestrator_request(PROMPTS[0], max_tokens=6, stream=True)
     run_all(orch, [r])
     assert_one_final(r)
-    (resp,) = r.sender.responses()
-    assert resp.error().code() == fake_pb.TritonError.INTERNAL
+    *streamed, resp = r.sender.responses()  # the prefill round's token, then the failure
+    assert len(streamed) == 1 and resp.error().code() == fake_pb.TritonError.INTERNAL
     assert "target exploded" in resp.error().message()
     assert serving.draft_bls.batches            # the draft did open a slot ...
     assert_all_released(serving)               # ... and it was released

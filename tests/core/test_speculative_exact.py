@@ -30,7 +30,8 @@ def hf_greedy(pair_dir):
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5, 6, 7, 8])
 def test_greedy_equals_target_alone(pair_dir, hf_greedy, k):
     target, draft = engines(pair_dir)
-    results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()])
+    results = generate(target, draft, [Request(p, MAX_TOKENS, k, prefill_alone=False)
+                                       for p in prompts()])
     assert [r[0] for r in results] == hf_greedy
     if k:
         stats = [r[1] for r in results]
@@ -95,3 +96,13 @@ def test_k_changing_between_rounds_stays_exact(pair_dir, hf_greedy):
                           LocalVerifier(target), target.max_len,
                           lambda c: out.extend(c.tokens), allowed_k=lambda k: next(schedule)))
     assert out == hf_greedy[0]
+
+
+def test_prefill_alone_first_then_speculates_exactly(pair_dir, hf_greedy):
+    target, draft = engines(pair_dir)
+    reqs = [Request(p, MAX_TOKENS, 4) for p in prompts()]
+    results = generate(target, draft, reqs)
+    assert [r[0] for r in results] == hf_greedy
+    for _, stats, chunks in results:
+        assert stats.accepted_per_round[0] == 0 and len(chunks[0].tokens) == 1
+        assert stats.total_draft_tokens > 0
