@@ -130,10 +130,10 @@ class Engine:
         rows = torch.arange(len(cs), device=self.device)
         logits = self._logits(hidden[rows, batch.last])[:, None]           # [B, 1, V]
         drafted, probs = [], []
+        first_pos = torch.tensor(first, device=self.device)[:, None]      # [B, 1]
         for j in range(max(ks)):
             p = probabilities(logits, s)                                   # [B, 1, V]
-            pos = torch.tensor(first, device=self.device)[:, None] + j
-            d = sample(p, s, pos, DRAFT)                                   # [B, 1]
+            d = sample(p, s, first_pos + j, DRAFT)                         # [B, 1]
             drafted.append(d)
             probs.append(p)
             if j + 1 == max(ks):

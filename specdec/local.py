@@ -15,7 +15,6 @@ class _Batcher:
     def __init__(self, run):
         self.run = run              # list[call] -> list[result | SlotError]
         self.pending: list[tuple[object, asyncio.Future]] = []
-        self.calls = 0              # batched engine calls made (tests count them)
 
     async def submit(self, call):
         fut = asyncio.get_running_loop().create_future()
@@ -29,31 +28,31 @@ class _Batcher:
 
     def _flush(self):
         batch, self.pending = self.pending, []
-        self.calls += 1
         for (_, fut), result in zip(batch, self.run([c for c, _ in batch])):
             if not fut.cancelled():
                 fut.set_result(result)
 
 
-class LocalDrafter:
-    def __init__(self, engine: Engine):
+class _Local:
+    def __init__(self, engine: Engine, run):
         self.engine = engine
-        self.batcher = _Batcher(engine.propose)
+        self.batcher = _Batcher(run)
+
+    async def release(self, seq_id: int) -> None:
+        self.engine.release([seq_id])
+
+
+class LocalDrafter(_Local):
+    def __init__(self, engine: Engine):
+        super().__init__(engine, engine.propose)
 
     async def propose(self, call: ProposeCall) -> Proposal:
         return await self.batcher.submit(call)
 
-    async def release(self, seq_id: int) -> None:
-        self.engine.release([seq_id])
 
-
-class LocalVerifier:
+class LocalVerifier(_Local):
     def __init__(self, engine: Engine):
-        self.engine = engine
-        self.batcher = _Batcher(engine.verify)
+        super().__init__(engine, engine.verify)
 
     async def verify(self, call: VerifyCall) -> Verdict:
         return await self.batcher.submit(call)
-
-    async def release(self, seq_id: int) -> None:
-        self.engine.release([seq_id])

@@ -46,6 +46,7 @@ class BatchSampling:
     seed_hi: torch.Tensor      # [B] int64 in [0, 2**32)
     any_filter: bool           # host flag: skip the sort when no row uses top-k/top-p
     all_greedy: bool           # host flag: one-hot rows only, no softmax and no random draws
+    any_greedy: bool           # host flag: some row needs its one-hot
 
     @classmethod
     def stack(cls, params: list[SamplingParams], device: torch.device) -> "BatchSampling":
@@ -59,6 +60,7 @@ class BatchSampling:
             seed_hi=t([(p.seed >> 32) & _MASK32 for p in params], torch.int64),
             any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy),
             all_greedy=all(p.greedy for p in params),
+            any_greedy=any(p.greedy for p in params),
         )
 
 
@@ -81,15 +83,20 @@ def uniforms(s: BatchSampling, positions: torch.Tensor, purpose: int, n: int = 1
 def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     """Processed distributions [B, P, V] (fp32) from logits [B, P, V]: what each row samples."""
     logits = logits.float()
-    one_hot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     if s.all_greedy:
-        return one_hot
-    greedy = (s.temperature == 0)[:, None, None]
+        return _one_hot_argmax(logits)
     temp = torch.where(s.temperature > 0, s.temperature, 1.0)[:, None, None]
     scaled = logits / temp
     if s.any_filter:
         scaled = _top_k_top_p(scaled, s.top_k, s.top_p)
-    return torch.where(greedy, one_hot, torch.softmax(scaled, dim=-1))
+    probs = torch.softmax(scaled, dim=-1)
+    if not s.any_greedy:
+        return probs
+    return torch.where((s.temperature == 0)[:, None, None], _one_hot_argmax(logits), probs)
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
 
 
 def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
