@@ -16,7 +16,8 @@ tokens as its "size", failures), each successful request adds entries of these t
     ACCEPT%  the server's draft acceptance rate in percent (K > 0 only)
 
 A request fails when the server answers an error, the stream breaks or times out, or it ends
-with no output token or no text. See docs/loadtest.md.
+with no output token or no text for a reason other than EOS or a stop word (a sampled request may
+draw EOS first: that answer is correct and counts, without TTFT). See docs/loadtest.md.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ grpc_gevent.init_gevent()
 # locust imports this file by path: make the repository root importable for loadtest.prompts.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from loadtest import outcome  # noqa: E402
 from loadtest.grpc_stream import GrpcStreamer  # noqa: E402
 from loadtest.prompts import Mix, RequestPlan, load_prompts, parse_int_list  # noqa: E402
 from specdec_client import GenerationParams, Result, generate_stream  # noqa: E402
@@ -52,10 +54,6 @@ REQUEST_TYPES = ("SSE", "gRPC")
 
 # Filled from the command line by on_init(); shared by all users (one gevent thread).
 STATE: dict = {}
-
-
-class NoTokens(Exception):
-    """The request finished without an error but produced no output token (or no text)."""
 
 
 @events.init_command_line_parser.add_listener
@@ -208,9 +206,7 @@ def record(environment, request_type: str, plan: RequestPlan,
     result, error = None, None
     try:
         result = call(plan.prompt, params_of(plan), STATE["timeout"])
-        if not result.num_output_tokens or not result.chunk_times_s:
-            raise NoTokens(f"no output {'text' if result.num_output_tokens else 'tokens'} "
-                           f"(finish_reason {result.finish_reason!r})")
+        outcome.check(result)
     except Exception as e:  # ServerError, NoTokens, a broken or timed-out stream: all failures
         error = RequestFailed(e)
     elapsed_ms = (time.perf_counter() - t0) * 1000.0
@@ -220,21 +216,9 @@ def record(environment, request_type: str, plan: RequestPlan,
     if error is not None:
         return False
 
-    def metric(kind: str, value: float, length: int = 0) -> None:
+    for kind, value, length in outcome.stream_metrics(result, plan.num_draft_tokens):
         fire(request_type=kind, name=name, response_time=value, response_length=length,
              exception=None, context=context, start_time=start_time, url=url)
-
-    ttft_s = result.time_to_first_token_s
-    if ttft_s is not None:
-        metric("TTFT", ttft_s * 1000.0, tokens)
-        if tokens > 1 and result.total_time_s > ttft_s:
-            metric("TPOT", (result.total_time_s - ttft_s) * 1000.0 / (tokens - 1), tokens)
-    for gap_s in result.inter_chunk_latencies_s:
-        metric("ITL", gap_s * 1000.0)
-    if result.tokens_per_s is not None:
-        metric("TOK/S", result.tokens_per_s, tokens)
-    if plan.num_draft_tokens > 0 and result.acceptance_rate is not None:
-        metric("ACCEPT%", result.acceptance_rate * 100.0, result.total_draft_tokens or 0)
     return True
 
 

@@ -74,8 +74,9 @@ def test_headless_locust_over_http_and_grpc_writes_stream_statistics(server, tmp
         for (k, _name), row in stats.items():
             if k == kind and int(row["Request Count"]):
                 assert float(row["Average Response Time"]) > 0, row
-    # One TTFT per successful request; ACCEPT% only for the speculative requests.
-    assert by_type["TTFT"] == requests
+    # One TTFT per request with tokens (a sampled request may end on EOS at once, with none);
+    # ACCEPT% only for the speculative requests.
+    assert requests - requests // 4 <= by_type["TTFT"] <= requests, by_type
     names = {name for (kind, name) in count if kind in ("SSE", "gRPC")}
     assert any(n.startswith("K=4 ") for n in names) and any(n.startswith("K=0 ") for n in names)
     assert all(name.startswith("K=4 ") for (kind, name) in count if kind == "ACCEPT%")
