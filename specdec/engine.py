@@ -131,19 +131,29 @@ class Engine:
         logits = self._logits(hidden[rows, batch.last])[:, None]           # [B, 1, V]
         drafted, probs = [], []
         first_pos = torch.tensor(first, device=self.device)[:, None]      # [B, 1]
+        # The steps' batches are built on the device: only kv_len comes from the host.
+        ks_t = torch.tensor(ks, device=self.device)[:, None]              # [B, 1]
+        write_all = batch.read_slots[:, None]                              # [B, 1]
+        no_row = torch.zeros(len(cs), dtype=torch.int64, device=self.device)
         for j in range(max(ks)):
-            p = probabilities(logits, s)                                   # [B, 1, V]
-            d = sample(p, s, first_pos + j, DRAFT)                         # [B, 1]
+            if s.all_greedy:  # the argmax is the one-hot's only token; no q is sent back
+                d = logits.argmax(-1)                                      # [B, 1]
+            else:
+                p = probabilities(logits, s)                               # [B, 1, V]
+                d = sample(p, s, first_pos + j, DRAFT)                     # [B, 1]
+                probs.append(p)
             drafted.append(d)
-            probs.append(p)
             if j + 1 == max(ks):
                 break
             # Feed d_{j+1} where the row still drafts; elsewhere it goes to scratch.
-            step = Batch.build(d, [f + j for f in first], slots, self.cache, self.device,
-                               lengths=[1 if j + 1 < k else 0 for k in ks])
+            write = write_all if min(ks) > j + 1 else torch.where(
+                ks_t > j + 1, write_all, self.cache.scratch)
+            step = Batch(d, (first_pos + j).clamp(max=self.max_len - 1), write,
+                         batch.read_slots, min(max(first) + j + 1, self.max_len), no_row,
+                         batch.first_slot)
             logits = self._logits(self.model(step, self.cache))
         tokens = torch.cat(drafted, 1).tolist()                            # the one sync
-        q = torch.cat(probs, 1)                                            # [B, K, V]
+        q = torch.cat(probs, 1) if probs else None                         # [B, K, V]
         for b, (i, c) in enumerate(zip(good, cs)):
             self.pool.set_length(c.seq_id, first[b] + c.k - 1)
             results[i] = Proposal(tokens[b][: c.k], None if c.sampling.greedy else q[b, : c.k])

@@ -42,8 +42,13 @@ class KVCache:
         self.k[layer].index_put_((slots, positions), k)
         self.v[layer].index_put_((slots, positions), v)
 
-    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, length, kv_heads, head_dim] for slots [B]."""
+    def read(self, layer: int, slots: torch.Tensor, length: int,
+             first_slot: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, length, kv_heads, head_dim] for slots [B]; when they are first_slot, first_slot + 1,
+        ... (always so for one row) a view of the pool instead of a gathered copy."""
+        if first_slot is not None:
+            rows = slice(first_slot, first_slot + slots.shape[0])
+            return self.k[layer][rows, :length], self.v[layer][rows, :length]
         return self.k[layer][slots, :length], self.v[layer][slots, :length]
 
 

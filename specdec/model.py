@@ -27,6 +27,7 @@ class Batch:
     read_slots: torch.Tensor    # [B] slot each row attends over
     kv_len: int                 # keys to read: max over rows of (last position + 1)
     last: torch.Tensor          # [B] index of each row's last real token
+    first_slot: int | None = None  # rows read slots first_slot.. in order: a view, no gather
 
     @classmethod
     def build(cls, rows: list[list[int]] | torch.Tensor, starts: list[int], slots: list[int],
@@ -50,9 +51,11 @@ class Batch:
         positions = (start + t).clamp(max=cache.max_len - 1)
         write = torch.where(real, torch.tensor(slots)[:, None], cache.scratch)
         kv_len = min(max(s + max(k, 1) for s, k in zip(starts, n)), cache.max_len)
+        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
         return cls(tokens.to(device), positions.to(device), write.to(device),
                    torch.tensor(slots).to(device), kv_len,
-                   (torch.tensor(n).clamp(min=1) - 1).to(device))
+                   (torch.tensor(n).clamp(min=1) - 1).to(device),
+                   slots[0] if consecutive else None)
 
 def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     """Inverse frequencies [head_dim / 2], with linear or Llama 3.1 scaling."""
@@ -109,7 +112,8 @@ class Attention(nn.Module):
         k = rotate(self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim), cos, sin)
         v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
         cache.write(self.layer, batch.write_slots, batch.positions, k, v)
-        keys, values = cache.read(self.layer, batch.read_slots, batch.kv_len)  # [B, L, KV, D]
+        keys, values = cache.read(self.layer, batch.read_slots, batch.kv_len,
+                                  batch.first_slot)                              # [B, L, KV, D]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=mask, enable_gqa=a.num_heads != a.num_kv_heads)           # [B, H, T, D]

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from specdec.engine import VerifyCall
-from specdec.kv_cache import SlotError, SlotPool
+from specdec.kv_cache import KVCache, SlotError, SlotPool
+from specdec.model import Batch
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines
 
@@ -71,3 +72,15 @@ def test_a_proposal_of_zero_tokens_fails_alone(pair_dir):
     bad, good = draft.propose([ProposeCall(1, 0, [4, 5], 0, SamplingParams()),
                                ProposeCall(2, 0, [4, 5], 3, SamplingParams())])
     assert isinstance(bad, SlotError) and len(good.tokens) == 3
+
+
+def test_consecutive_slots_read_a_view_and_others_a_gather():
+    cache = KVCache(1, 4, 8, 2, 3, torch.float32, torch.device("cpu"))
+    cache.k[0].copy_(torch.randn_like(cache.k[0]))
+    slots = torch.tensor([1, 2])
+    view, _ = cache.read(0, slots, 5, first_slot=1)
+    gathered, _ = cache.read(0, slots, 5)
+    assert torch.equal(view, gathered) and view.data_ptr() == cache.k[0][1].data_ptr()
+    assert Batch.build([[1], [2]], [0, 0], [1, 2], cache, torch.device("cpu")).first_slot == 1
+    assert Batch.build([[1], [2]], [0, 0], [2, 1], cache, torch.device("cpu")).first_slot is None
+    assert Batch.build([[1], [2]], [0, 0], [0, 3], cache, torch.device("cpu")).first_slot is None

@@ -1,0 +1,80 @@
+"""Where the engine's time goes: the in-process loop under torch.profiler, no Triton.
+
+    .venv/bin/python benchmarks/profile_engine.py                 # default pair, K=6, 8 prompts
+    .venv/bin/python benchmarks/profile_engine.py --k 0 --prompts 4 --top 40
+
+Prints tokens/s without the profiler, then the operators that take the most self time with it,
+and how many operator calls one draft step, one target call and one round make.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specdec.config import ModelArgs  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
+from specdec.loop import Request, speculate  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--target", type=Path, default=ROOT / "models/default/target")
+    ap.add_argument("--draft", type=Path, default=ROOT / "models/default/draft")
+    ap.add_argument("--prompts-file", type=Path, default=ROOT / "models/default/heldout_prompts.jsonl")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=6)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads, 0 = torch's default")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(args.target))
+    lines = args.prompts_file.read_text().splitlines()[: args.prompts]
+    prompts = [tok(json.loads(x)["prompt"])["input_ids"] for x in lines]
+    margs = ModelArgs.from_dir(args.target)
+    dev = torch.device("cpu")
+    tgt = Engine.load(str(args.target), 1, 1024, torch.float32, dev, margs.vocab_size)
+    drf = Engine.load(str(args.draft), 1, 1024, torch.float32, dev, margs.vocab_size)
+    seq = iter(range(1, 1 << 62))
+
+    def run_all():
+        out = rounds = 0
+        for ids in prompts:
+            st = asyncio.run(speculate(next(seq), Request(ids, args.max_tokens, args.k,
+                                                          eos=margs.eos_token_ids),
+                                       LocalDrafter(drf), LocalVerifier(tgt), 1024,
+                                       lambda chunk: None))
+            out += st.num_output_tokens
+            rounds += st.rounds
+        return out, rounds
+
+    run_all()  # warm-up
+    t0 = time.perf_counter()
+    out, rounds = run_all()
+    wall = time.perf_counter() - t0
+    print(f"K={args.k}: {out} tokens in {wall:.3f} s = {out / wall:.1f} tok/s, "
+          f"{rounds} rounds, {wall / rounds * 1e3:.2f} ms/round, threads {torch.get_num_threads()}")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_all()
+    events = prof.key_averages()
+    calls = sum(e.count for e in events if e.key.startswith("aten::"))
+    print(f"aten operator calls per round (nested ones included): {calls / rounds:.0f}")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
