@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from . import attention
 from .config import CheckpointError
+from .graphs import GraphedForward
 from .kv_cache import KVCache, SlotError, SlotPool
 from .model import Batch, Transformer
 from .sampling import DRAFT, BatchSampling, SamplingParams, probabilities, sample
@@ -53,12 +55,21 @@ class Verdict:
 
 class Engine:
     def __init__(self, model: Transformer, max_sequences: int, max_len: int,
-                 device: torch.device, vocab_size: int | None = None):
+                 device: torch.device, vocab_size: int | None = None,
+                 attention_kind: str = "auto", cuda_graphs: bool | None = None):
+        """attention_kind: auto, sdpa or flash (attention.choose). cuda_graphs: replay small
+        forwards from CUDA graphs (graphs.py); None = on CUDA. Load errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
         self.dtype = model.lm_head.weight.dtype
         self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                              self.dtype, device)
+        model.flash = attention.choose(attention_kind, device, self.dtype)
+        if cuda_graphs is None:
+            cuda_graphs = device.type == "cuda"
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, not {device.type}")
+        self.graphs = GraphedForward(model, self.cache, max_sequences) if cuda_graphs else None
         self.pool = SlotPool(max_sequences)
         # A draft serving another model's vocabulary drafts only ids the target has, and is fed
         # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.
@@ -67,7 +78,8 @@ class Engine:
 
     @classmethod
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
-             device: torch.device, vocab_size: int | None = None) -> "Engine":
+             device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
+             cuda_graphs: bool | None = None) -> "Engine":
         """Load weights and allocate the slot pool; refuse loudly if the pool cannot fit."""
         model = load_model(path, dtype, device)
         a = model.args
@@ -82,7 +94,12 @@ class Engine:
                 f"{path}: KV slot pool of {max_sequences} sequences x {max_len} tokens needs "
                 f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
                 f"lower max_sequences or max_seq_len")
-        return cls(model, max_sequences, max_len, device, vocab_size)
+        return cls(model, max_sequences, max_len, device, vocab_size, attention_kind, cuda_graphs)
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs(batch)
+        return self.model(batch, self.cache)
 
     def _open(self, calls, extra: list[int]) -> tuple[list[int], list, list[int]]:
         """Open each call's slot; returns (slots of good calls, results with errors, good idx)."""
@@ -126,7 +143,7 @@ class Engine:
         v_own = self.model.args.vocab_size
         batch = Batch.build([[t if t < v_own else 0 for t in c.tokens] for c in cs], starts, slots,
                             self.cache, self.device)
-        hidden = self.model(batch, self.cache)
+        hidden = self._forward(batch)
         rows = torch.arange(len(cs), device=self.device)
         logits = self._logits(hidden[rows, batch.last])[:, None]           # [B, 1, V]
         drafted, probs = [], []
@@ -150,8 +167,8 @@ class Engine:
                 ks_t > j + 1, write_all, self.cache.scratch)
             step = Batch(d, (first_pos + j).clamp(max=self.max_len - 1), write,
                          batch.read_slots, min(max(first) + j + 1, self.max_len), no_row,
-                         batch.first_slot)
-            logits = self._logits(self.model(step, self.cache))
+                         batch.first_slot, min(max(first) + j, self.max_len - 1) + 1)
+            logits = self._logits(self._forward(step))
         tokens = torch.cat(drafted, 1).tolist()                            # the one sync
         q = torch.cat(probs, 1) if probs else None                         # [B, K, V]
         for b, (i, c) in enumerate(zip(good, cs)):
@@ -169,7 +186,7 @@ class Engine:
         k_max, v = max(ks), self.vocab_size
         batch = Batch.build([c.tokens + c.drafts for c in cs], [c.start for c in cs], slots,
                             self.cache, self.device)
-        hidden = self.model(batch, self.cache)                             # [B, T, D]
+        hidden = self._forward(batch)                                      # [B, T, D]
         # Score the last committed token and every draft: K+1 positions per row.
         base = torch.tensor([len(c.tokens) - 1 for c in cs], device=self.device)
         idx = (base[:, None] + torch.arange(k_max + 1, device=self.device)).clamp(

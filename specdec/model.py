@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import attention
 from .config import ModelArgs
 from .kv_cache import KVCache
 
@@ -28,6 +29,7 @@ class Batch:
     kv_len: int                 # keys to read: max over rows of (last position + 1)
     last: torch.Tensor          # [B] index of each row's last real token
     first_slot: int | None = None  # rows read slots first_slot.. in order: a view, no gather
+    max_end: int = 0            # host bound on a row's first position + T (flash-attn's writes)
 
     @classmethod
     def build(cls, rows: list[list[int]] | torch.Tensor, starts: list[int], slots: list[int],
@@ -55,7 +57,8 @@ class Batch:
         return cls(tokens.to(device), positions.to(device), write.to(device),
                    torch.tensor(slots).to(device), kv_len,
                    (torch.tensor(n).clamp(min=1) - 1).to(device),
-                   slots[0] if consecutive else None)
+                   slots[0] if consecutive else None,
+                   min(max(starts), cache.max_len - 1) + t_max)
 
 def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     """Inverse frequencies [head_dim / 2], with linear or Llama 3.1 scaling."""
@@ -105,19 +108,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(args.hidden_size, kv * d, bias=args.qkv_bias)
         self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_bias)
 
-    def forward(self, x, cos, sin, mask, batch: Batch, cache: KVCache) -> torch.Tensor:
+    def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch, cache: KVCache,
+                flash: attention.FlashKernel | None) -> torch.Tensor:
         b, t, _ = x.shape
         a = self.args
         q = rotate(self.q_proj(x).view(b, t, a.num_heads, a.head_dim), cos, sin)
         k = rotate(self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim), cos, sin)
         v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
-        cache.write(self.layer, batch.write_slots, batch.positions, k, v)
-        keys, values = cache.read(self.layer, batch.read_slots, batch.kv_len,
-                                  batch.first_slot)                              # [B, L, KV, D]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, enable_gqa=a.num_heads != a.num_kv_heads)           # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        out = attention.attend(plan, q, k, v, self.layer, batch.write_slots, batch.positions,
+                               batch.read_slots, batch.kv_len, batch.first_slot, cache, flash)
+        return self.o_proj(out.reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -139,8 +139,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, batch: Batch, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, batch, cache)
+    def forward(self, x, cos, sin, plan, batch: Batch, cache: KVCache, flash) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, batch, cache, flash)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -159,6 +159,7 @@ class Transformer(nn.Module):
         self.model = Backbone(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+        self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
@@ -170,13 +171,10 @@ class Transformer(nn.Module):
         freqs = batch.positions[..., None].float() * self.inv_freq              # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]                  # [B, T, 1, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        keys = torch.arange(batch.kv_len, device=x.device)
-        pos = batch.positions[:, None, :, None]                                 # [B, 1, T, 1]
-        mask = keys <= pos                                                      # [B, 1, T, L]
-        if self.args.sliding_window:
-            mask &= keys > pos - self.args.sliding_window
+        plan = attention.plan(batch.positions, batch.read_slots, batch.kv_len, batch.max_end,
+                              cache, self.args.sliding_window, self.flash)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, batch, cache)
+            x = layer(x, cos, sin, plan, batch, cache, self.flash)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,10 @@ class _EngineModel:
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
+        device = s.torch_device()
         self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
-                                  s.torch_device(), vocab_size=vocab)
+                                  device, vocab_size=vocab, attention_kind=s.attention,
+                                  cuda_graphs=s.cuda_graphs and device.type == "cuda")
         self.settings = s
         # Triton requires a MetricFamily to outlive its metrics: keep both on the instance.
         self.slots_family = pb.MetricFamily(

@@ -44,10 +44,19 @@ def _parse(cls, params: dict, env_names: dict[str, str] | None = None):
             continue
         kind = type(f.default)
         try:
-            values[f.name] = (raw.lower() in ("1", "true", "yes")) if kind is bool else kind(raw)
+            values[f.name] = _bool(raw) if kind is bool else kind(raw)
         except ValueError:
             raise SettingsError(f"{where}: {raw!r} is not a valid {kind.__name__}") from None
     return cls(**values)
+
+
+def _bool(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class EngineSettings:
     dtype: str = "auto"           # auto: bfloat16 on CUDA, float32 on the CPU
     device: str = "auto"          # auto: cuda when available
     cpu_threads: int = 0          # torch threads on the CPU; 0: half the cores (two models)
+    attention: str = "auto"       # auto: flash-attn on CUDA when installed, else SDPA; sdpa; flash
+    cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
@@ -72,7 +83,10 @@ class EngineSettings:
             raise SettingsError(f"dtype {s.dtype!r}: expected auto or one of {', '.join(_DTYPES)}")
         if s.max_sequences < 1 or s.max_seq_len < 2:
             raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
-        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads)
+        if s.attention not in ("auto", "sdpa", "flash"):
+            raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
+        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
+                   s.attention, s.cuda_graphs)
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

@@ -161,3 +161,18 @@ def test_tokenizer_path_fallback_order(monkeypatch):
     assert tokenizer_path(params(tokenizer_path="", target_model_path="/cfg/target")) \
         == "/cfg/target"                                            # 4. target_model_path
     assert tokenizer_path(params(tokenizer_path="")) == str(DEFAULT_TARGET)   # 5. default
+
+
+def test_attention_and_cuda_graphs(monkeypatch):
+    t = EngineSettings.parse({}, "target")
+    assert (t.attention, t.cuda_graphs) == ("auto", True)
+    t = EngineSettings.parse(params(attention="sdpa", cuda_graphs="off"), "target")
+    assert (t.attention, t.cuda_graphs) == ("sdpa", False)
+    monkeypatch.setenv("SPECDEC_CUDA_GRAPHS", "no")
+    assert EngineSettings.parse(params(cuda_graphs="true"), "draft").cuda_graphs is False
+    monkeypatch.setenv("SPECDEC_CUDA_GRAPHS", "maybe")
+    with pytest.raises(SettingsError, match=r"\$SPECDEC_CUDA_GRAPHS: 'maybe' is not a valid bool"):
+        EngineSettings.parse({}, "draft")
+    monkeypatch.delenv("SPECDEC_CUDA_GRAPHS")
+    with pytest.raises(SettingsError, match="attention 'xformers': expected auto, sdpa or flash"):
+        EngineSettings.parse(params(attention="xformers"), "target")

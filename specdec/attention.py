@@ -1,0 +1,91 @@
+"""Attention over the KV slot pool, by one of two kernels chosen once per forward.
+
+- PyTorch SDPA (every device): the batch's keys and values are written into the pool, then
+  read back as [B, kv_len] (a view for consecutive slots, else a gather) under a boolean mask.
+- flash-attn's `flash_attn_with_kvcache` (CUDA, fp16/bf16, when the package is installed): one
+  kernel appends the new keys and values at each row's cached length and attends over the slot
+  in place (`cache_batch_idx`), so nothing is gathered and the shapes do not depend on lengths.
+
+Both read and write the same pool, so one model may use either for any forward. flash-attn
+appends all T tokens of a row from its first position: a ragged row's padding lands in its own
+slot past its real tokens (never read: a later write replaces it), so it is used only when every
+row's T tokens fit in max_len; otherwise that forward takes SDPA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+
+FlashKernel = Callable[..., torch.Tensor]
+
+
+def find_flash_kernel() -> FlashKernel | None:
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return flash_attn_with_kvcache
+
+
+def flash_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Plan:
+    """How one forward attends; computed once, used by every layer."""
+    mask: torch.Tensor | None = None      # SDPA: [B, 1, T, L] keys each query may see
+    seqlens: torch.Tensor | None = None   # flash: [B] int32 tokens cached before this forward
+    slots: torch.Tensor | None = None     # flash: [B] int32 slot of each row
+    window: tuple[int, int] = (-1, -1)    # flash: (left, right) sliding window, -1 = none
+
+
+def plan(positions: torch.Tensor, read_slots: torch.Tensor, kv_len: int, max_end: int,
+         cache: KVCache, sliding_window: int | None, flash: FlashKernel | None) -> Plan:
+    """positions [B, T] (each row's run starts at its cached length); max_end: a host bound on
+    first position + T over rows."""
+    if flash is not None and max_end <= cache.max_len:
+        window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
+        return Plan(seqlens=positions[:, 0].to(torch.int32), slots=read_slots.to(torch.int32),
+                    window=window)
+    keys = torch.arange(kv_len, device=positions.device)
+    pos = positions[:, None, :, None]                                       # [B, 1, T, 1]
+    mask = keys <= pos                                                      # [B, 1, T, L]
+    if sliding_window:
+        mask &= keys > pos - sliding_window
+    return Plan(mask=mask)
+
+
+def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+           write_slots: torch.Tensor, positions: torch.Tensor, read_slots: torch.Tensor,
+           kv_len: int, first_slot: int | None, cache: KVCache,
+           flash: FlashKernel | None) -> torch.Tensor:
+    """q [B, T, H, D], k and v [B, T, KV, D] (rotated); returns [B, T, H, D]."""
+    if p.mask is None:
+        return flash(q, cache.k[layer], cache.v[layer], k=k, v=v, cache_seqlens=p.seqlens,
+                     cache_batch_idx=p.slots, causal=True, window_size=p.window)
+    cache.write(layer, write_slots, positions, k, v)
+    keys, values = cache.read(layer, read_slots, kv_len, first_slot)        # [B, L, KV, D]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=p.mask,
+        enable_gqa=q.shape[2] != k.shape[2])                                # [B, H, T, D]
+    return out.transpose(1, 2)
+
+
+def choose(kind: str, device: torch.device, dtype: torch.dtype) -> FlashKernel | None:
+    """kind: "auto" (flash-attn where usable and installed), "sdpa" or "flash" (required)."""
+    if kind not in ("auto", "sdpa", "flash"):
+        raise ValueError(f"attention {kind!r}: expected auto, sdpa or flash")
+    if kind == "sdpa":
+        return None
+    kernel = find_flash_kernel() if flash_usable(device, dtype) else None
+    if kind == "flash" and kernel is None:
+        raise ValueError(f"attention flash needs CUDA with float16 or bfloat16 and the flash-attn "
+                         f"package; have {device.type} {str(dtype).removeprefix('torch.')}, "
+                         f"flash-attn {'installed' if find_flash_kernel() else 'not installed'}")
+    return kernel

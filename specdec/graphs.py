@@ -1,0 +1,92 @@
+"""The model's forward for small batches, replayed from CUDA graphs.
+
+A 1B draft step or an 8B verification at batch 1 is bound by launching hundreds of small
+kernels from Python, not by the GPU; a graph replays them with one launch. One graph per
+(batch bucket, tokens per row), captured the first time that shape comes. Rows are padded up to
+the bucket with rows that read and write the scratch slot, and a graph never depends on this
+call's lengths: SDPA attends over max_len keys under the mask, flash-attn reads each row's
+length from a device tensor. Prefills (more than `max_tokens` tokens per row) run eagerly.
+
+`capture=False` runs the same padded, static-shape forward eagerly: how the CPU tests check that
+this path gives the eager path's tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Batch, Transformer
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class _Static:
+    """A graph's input buffers: rows past `used` are padding on the scratch slot."""
+
+    def __init__(self, b: int, t: int, cache: KVCache, device: torch.device):
+        self.tokens = torch.zeros(b, t, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(b, t, dtype=torch.int64, device=device)
+        self.write = torch.full((b, t), cache.scratch, dtype=torch.int64, device=device)
+        self.read = torch.full((b,), cache.scratch, dtype=torch.int64, device=device)
+        self.batch = Batch(self.tokens, self.positions, self.write, self.read, cache.max_len,
+                           torch.zeros(b, dtype=torch.int64, device=device), None, cache.max_len)
+        self.used = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None   # [b, t, hidden], rewritten by every replay
+
+    def fill(self, batch: Batch, scratch: int) -> None:
+        n = batch.tokens.shape[0]
+        self.tokens[:n].copy_(batch.tokens)
+        self.positions[:n].copy_(batch.positions)
+        self.write[:n].copy_(batch.write_slots)
+        self.read[:n].copy_(batch.read_slots)
+        if self.used > n:  # rows a larger call filled go back to padding
+            self.tokens[n:self.used].zero_()
+            self.positions[n:self.used].zero_()
+            self.write[n:self.used].fill_(scratch)
+            self.read[n:self.used].fill_(scratch)
+        self.used = n
+
+
+class GraphedForward:
+    def __init__(self, model: Transformer, cache: KVCache, max_batch: int, max_tokens: int = 16,
+                 capture: bool = True):
+        self.model, self.cache, self.max_tokens = model, cache, max_tokens
+        self.buckets = sorted({min(b, max_batch) for b in BUCKETS})
+        self.capture = capture
+        self.device = cache.k[0].device
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.graphs: dict[tuple[int, int], _Static] = {}
+
+    def fits(self, batch: Batch) -> bool:
+        b, t = batch.tokens.shape
+        return (b <= self.buckets[-1] and t <= self.max_tokens
+                and (self.model.flash is None or batch.max_end <= self.cache.max_len))
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        """Hidden states [B, T, hidden]: a view of the graph's output, valid until its next call."""
+        b, t = batch.tokens.shape
+        key = (next(n for n in self.buckets if n >= b), t)
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.graphs[key] = _Static(*key, self.cache, self.device)
+            if self.capture:
+                self._capture(g)
+        g.fill(batch, self.cache.scratch)
+        if g.graph is None:
+            return self.model(g.batch, self.cache)[:b]
+        g.graph.replay()
+        return g.out[:b]
+
+    def _capture(self, g: _Static) -> None:
+        # Warm up on a side stream (kernel choice, workspaces), then capture; the rows are all
+        # padding here, so only the scratch slot is written.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.model(g.batch, self.cache)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self.pool):
+            g.out = self.model(g.batch, self.cache)

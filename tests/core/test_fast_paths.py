@@ -1,0 +1,136 @@
+"""The GPU fast paths, checked on the CPU: flash-attn's KV-cache kernel (through a reference of
+its documented contract) and the padded, static-shape forward that CUDA graphs replay.
+
+Neither may change a token: logits equal transformers' for every variant with ragged batches,
+and speculative greedy output equals the target's own greedy output on each path.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from specdec import attention
+from specdec.engine import Engine
+from specdec.graphs import GraphedForward
+from specdec.loop import Request
+from specdec.model import Batch
+from specdec.sampling import SamplingParams
+from specdec.weights import load_model
+from tests.core.conftest import engines, generate
+from tests.core.test_speculative_exact import MAX_TOKENS, hf_greedy, prompts  # noqa: F401
+from tests.tiny_checkpoints import VARIANTS, make_checkpoint
+
+CPU = torch.device("cpu")
+
+
+def reference_flash_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                                 causal, window_size):
+    """flash_attn_with_kvcache's contract: row b's k, v are written into slot cache_batch_idx[b]
+    at cache_seqlens[b]; its T queries attend causally, aligned bottom-right, over the
+    cache_seqlens[b] + T keys of that slot (within window_size = (left, right))."""
+    assert causal and cache_seqlens.dtype == torch.int32 and cache_batch_idx.dtype == torch.int32
+    b, t = q.shape[:2]
+    out = torch.empty_like(q)
+    for row in range(b):
+        slot, s = int(cache_batch_idx[row]), int(cache_seqlens[row])
+        assert s + t <= k_cache.shape[1], "flash-attn would write past the cache"
+        k_cache[slot, s:s + t] = k[row]
+        v_cache[slot, s:s + t] = v[row]
+        qpos = s + torch.arange(t)[:, None]
+        kpos = torch.arange(s + t)[None, :]
+        mask = kpos <= qpos
+        if window_size[0] >= 0:
+            mask &= kpos >= qpos - window_size[0]
+        o = F.scaled_dot_product_attention(
+            q[row].transpose(0, 1), k_cache[slot, :s + t].transpose(0, 1),
+            v_cache[slot, :s + t].transpose(0, 1), attn_mask=mask, enable_gqa=True)
+        out[row] = o.transpose(0, 1)
+    return out
+
+
+def fast(engine: Engine, flash: bool, graphs: bool, max_batch: int = 4) -> Engine:
+    if flash:
+        engine.model.flash = reference_flash_with_kvcache
+    if graphs:
+        engine.graphs = GraphedForward(engine.model, engine.cache, max_batch, capture=False)
+    return engine
+
+
+PATHS = [(True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("flash,graphs", PATHS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_ragged_logits_match_transformers(tmp_path, variant, flash, graphs):
+    path = make_checkpoint(tmp_path / variant, variant)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    engine = fast(Engine(load_model(path, torch.float32, "cpu"), 3, 64, CPU), flash, graphs)
+    torch.manual_seed(2)
+    seqs = [torch.randint(0, 97, (n,)) for n in (30, 21)]
+    with torch.no_grad():
+        want = [ref(s[None]).logits[0] for s in seqs]
+    slots = [engine.pool.open(1, 0), engine.pool.open(2, 0)]
+    got = [[], []]
+    # Two rows of different lengths per call: a prefill, single steps, a 5-token verification.
+    cuts = [(0, 12, 0, 9), (12, 13, 9, 10), (13, 18, 10, 11), (18, 30, 11, 21)]
+    for a0, a1, b0, b1 in cuts:
+        rows = [seqs[0][a0:a1].tolist(), seqs[1][b0:b1].tolist()]
+        batch = Batch.build(rows, [a0, b0], slots, engine.cache, CPU)
+        with torch.no_grad():
+            logits = engine.model.logits(engine._forward(batch))
+        for r, row in enumerate(rows):
+            got[r].append(logits[r, :len(row)])
+    for r in range(2):
+        torch.testing.assert_close(torch.cat(got[r]), want[r], rtol=1e-4, atol=1e-4)
+    if graphs:  # prefill rows (12 tokens) fit max_tokens too: every call went through a graph
+        assert engine.graphs.graphs
+
+
+@pytest.mark.parametrize("flash,graphs", PATHS)
+def test_greedy_speculation_equals_target_alone(pair_dir, hf_greedy, flash, graphs):  # noqa: F811
+    target, draft = engines(pair_dir)
+    # Buckets up to 4: 12 concurrent rows run eagerly, 3 are padded to 4, 1 and 2 fit.
+    fast(target, flash, graphs), fast(draft, flash, graphs)
+    for k in (0, 3, 8):
+        for n in (12, 3, 2, 1):
+            results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()[:n]])
+            assert [r[0] for r in results] == hf_greedy[:n], (k, n)
+    if graphs:
+        used = {b for b, _ in target.graphs.graphs} | {b for b, _ in draft.graphs.graphs}
+        assert {1, 2, 4} <= used, used
+
+
+@pytest.mark.parametrize("flash,graphs", PATHS)
+def test_sampled_rows_equal_the_eager_path(pair_dir, flash, graphs):
+    reqs = [Request(p, 16, 4, SamplingParams(temperature=0.9, top_p=0.95, seed=i))
+            for i, p in enumerate(prompts(6))]
+    want = [r[0] for r in generate(*engines(pair_dir), reqs)]
+    target, draft = engines(pair_dir)
+    got = [r[0] for r in generate(fast(target, flash, graphs), fast(draft, flash, graphs), reqs)]
+    assert got == want
+
+
+def test_padding_rows_are_reset_when_the_batch_shrinks(pair_dir):
+    target, _ = engines(pair_dir)
+    g = GraphedForward(target.model, target.cache, 4, capture=False)
+    slots = [target.pool.open(i, 0) for i in range(4)]
+    g(Batch.build([[5], [6], [7], [8]], [0, 0, 0, 0], slots, target.cache, CPU))
+    g(Batch.build([[5], [6], [7]], [1, 1, 1], slots[:3], target.cache, CPU))  # same bucket
+    static = g.graphs[(4, 1)]
+    assert static.read.tolist() == slots[:3] + [target.cache.scratch]
+    assert static.write[3].eq(target.cache.scratch).all() and static.tokens[3].eq(0).all()
+    assert static.positions[:3].eq(1).all() and static.positions[3].eq(0).all()
+
+
+def test_attention_choice_fails_loudly():
+    assert attention.choose("auto", CPU, torch.float32) is None
+    assert attention.choose("sdpa", CPU, torch.float32) is None
+    with pytest.raises(ValueError, match="flash-attn"):
+        attention.choose("flash", CPU, torch.bfloat16)
+    with pytest.raises(ValueError, match="expected auto, sdpa or flash"):
+        attention.choose("fast", CPU, torch.float32)
+
+
+def test_cuda_graphs_need_cuda(pair_dir):
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
+        Engine(load_model(pair_dir[0], torch.float32, "cpu"), 2, 32, CPU, cuda_graphs=True)
