@@ -134,3 +134,40 @@ def test_attention_choice_fails_loudly():
 def test_cuda_graphs_need_cuda(pair_dir):
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
         Engine(load_model(pair_dir[0], torch.float32, "cpu"), 2, 32, CPU, cuda_graphs=True)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_captured_cuda_graphs_keep_greedy_exact(pair_dir, hf_greedy):  # noqa: F811
+    dev = torch.device("cuda")
+    target, draft = (Engine(load_model(p, torch.float32, dev), 8, 128, dev, cuda_graphs=True)
+                     for p in pair_dir)
+    for k in (0, 4):
+        for n in (12, 3, 1):
+            results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()[:n]])
+            assert [r[0] for r in results] == hf_greedy[:n], (k, n)
+    assert all(g.graph is not None for g in target.graphs.graphs.values())
+
+
+@cuda
+@pytest.mark.skipif(attention.find_flash_kernel() is None, reason="flash-attn is not installed")
+def test_the_reference_matches_the_real_flash_kernel():
+    torch.manual_seed(0)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    b, t, h, kv, d, slots, length = 3, 5, 8, 2, 64, 5, 64
+    q = torch.randn(b, t, h, d, device=dev, dtype=dt)
+    k, v = (torch.randn(b, t, kv, d, device=dev, dtype=dt) for _ in range(2))
+    cache = [torch.randn(slots, length, kv, d, device=dev, dtype=dt) for _ in range(2)]
+    seqlens = torch.tensor([0, 17, 40], dtype=torch.int32, device=dev)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=dev)
+    for window in ((-1, -1), (7, 0)):
+        ours = [c.clone() for c in cache]
+        theirs = [c.clone() for c in cache]
+        want = reference_flash_with_kvcache(q, *ours, k, v, seqlens, idx, True, window)
+        got = attention.find_flash_kernel()(q, *theirs, k=k, v=v, cache_seqlens=seqlens,
+                                            cache_batch_idx=idx, causal=True, window_size=window)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(theirs[0], ours[0])
+        torch.testing.assert_close(theirs[1], ours[1])
