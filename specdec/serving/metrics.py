@@ -2,14 +2,23 @@
 
 Names are prefixed `specdec_`. Counters add up to the per-request statistics returned to
 clients: sum of `total_draft_tokens` = specdec_draft_tokens_total, and so on.
+
+Every metric update is a message from the backend stub to the server process. Counter
+increments are therefore summed here and sent before a request's final response, when it
+finishes, and at least every FLUSH_EVERY_S while requests run: a round at K=8 sent about 20
+updates (counters per drafted and per accepted position among them), now its 4 histogram
+observations.
 """
 from __future__ import annotations
+
+import time
 
 from ..loop import Round, Stats
 
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 _RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 FINISH_REASONS = ("length", "eos", "stop", "cancelled", "error")
+FLUSH_EVERY_S = 1.0
 
 
 class Metrics:
@@ -67,29 +76,44 @@ class Metrics:
                                         "One target_model call (K+1 positions)", _LATENCY_BUCKETS)
         self.round_latency = histogram("specdec_round_latency_seconds",
                                        "Draft + verify of one round", _LATENCY_BUCKETS)
+        self._pending: dict[object, float] = {}   # counter -> increment not sent yet
+        self._flushed_at = time.monotonic()
+
+    def _count(self, counter, n: float) -> None:
+        if n:
+            self._pending[counter] = self._pending.get(counter, 0) + n
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for counter, n in pending.items():
+            counter.increment(n)
+        self._flushed_at = time.monotonic()
 
     def round(self, r: Round) -> None:
-        self.rounds.increment(1)
-        self.draft_tokens.increment(r.k)
-        self.accepted_tokens.increment(r.accepted)
+        self._count(self.rounds, 1)
+        self._count(self.draft_tokens, r.k)
+        self._count(self.accepted_tokens, r.accepted)
         for j in range(r.k):
-            self.drafted_at[j].increment(1)
+            self._count(self.drafted_at[j], 1)
         for j in range(r.accepted):
-            self.accepted_at[j].increment(1)
+            self._count(self.accepted_at[j], 1)
         if r.k:
             self.accepted_per_round.observe(r.accepted)
             self.draft_latency.observe(r.draft_s)
         self.verify_latency.observe(r.verify_s)
         self.round_latency.observe(r.draft_s + r.verify_s)
+        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
+            self.flush()
 
     def tokens(self, n: int, since_last_s: float, first: bool) -> None:
-        self.output_tokens.increment(n)
+        self._count(self.output_tokens, n)
         if first:
             self.ttft.observe(since_last_s)
         elif n:
             self.itl.observe(since_last_s / n)
 
     def finished(self, reason: str, stats: Stats | None) -> None:
-        self.requests[reason if reason in self.requests else "error"].increment(1)
+        self._count(self.requests[reason if reason in self.requests else "error"], 1)
         if stats is not None and stats.total_draft_tokens:
             self.acceptance_rate.observe(stats.acceptance_rate)
+        self.flush()

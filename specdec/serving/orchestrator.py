@@ -74,6 +74,8 @@ class Orchestrator:
                     pending.extend(chunk.tokens)
                     if stream or chunk.finish_reason:
                         last = chunk.finish_reason is not None
+                        if last:  # a client reading the metrics after its answer sees its counts
+                            self.metrics.flush()
                         sender.send(self._response(shown, pending, chunk, last),
                                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
                         final_sent = last

@@ -1,0 +1,54 @@
+"""specdec.serving.metrics: counters are summed and sent in batches, histograms at once."""
+from specdec.loop import Round, Stats
+from specdec.serving import metrics as metrics_module
+from specdec.serving.metrics import Metrics
+from tests.adapters import fake_pb
+
+
+class Counting:
+    """Counts the updates a fake metric receives: each would be one message to the server."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        for name in ("increment", "observe"):
+            real = getattr(fake_pb.Metric, name)
+
+            def wrapped(metric, value, real=real):
+                self.calls += 1
+                real(metric, value)
+            monkeypatch.setattr(fake_pb.Metric, name, wrapped)
+
+
+def value(name, **labels):
+    (m,) = fake_pb.metrics(name, model="batching_test", **labels)
+    return m.value()
+
+
+def test_counters_are_sent_when_the_request_finishes(monkeypatch):
+    m = Metrics(fake_pb, "batching_test", max_draft_tokens=8)
+    sent = Counting(monkeypatch)
+    for _ in range(10):
+        m.round(Round(k=8, accepted=5, draft_s=0.01, verify_s=0.01))
+        m.tokens(6, 0.02, first=False)
+    assert value("specdec_rounds_total") == 0           # nothing sent yet
+    assert sent.calls == 10 * 5                         # 4 histograms a round + ITL
+    m.finished("length", Stats(num_output_tokens=60, total_draft_tokens=80,
+                               total_accepted_draft_tokens=50, rounds=10))
+    assert value("specdec_rounds_total") == 10
+    assert value("specdec_draft_tokens_total") == 80
+    assert value("specdec_accepted_tokens_total") == 50
+    assert value("specdec_output_tokens_total") == 60
+    assert value("specdec_drafted_at_position_total", position="8") == 10
+    assert value("specdec_accepted_at_position_total", position="5") == 10
+    assert value("specdec_accepted_at_position_total", position="6") == 0
+    assert value("specdec_requests_total", finish_reason="length") == 1
+    # One increment per counter that moved (rounds, drafted, accepted, output, 8 + 5 positions,
+    # the finish reason) and the acceptance histogram.
+    assert sent.calls == 10 * 5 + 4 + 8 + 5 + 1 + 1
+
+
+def test_long_requests_send_counters_while_they_run(monkeypatch):
+    m = Metrics(fake_pb, "batching_test", max_draft_tokens=8)
+    monkeypatch.setattr(metrics_module, "FLUSH_EVERY_S", 0.0)
+    m.round(Round(k=2, accepted=1, draft_s=0.01, verify_s=0.01))
+    assert value("specdec_rounds_total") == 1 and value("specdec_draft_tokens_total") == 2
