@@ -45,6 +45,8 @@ DEFAULT_TARGET = ROOT / "models" / "default" / "target"
 DEFAULT_DRAFT = ROOT / "models" / "default" / "draft"
 DEFAULT_PROMPTS = ROOT / "models" / "default" / "heldout_prompts.jsonl"
 ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
+DRAFT, TARGET = "draft_model", "target_model"
+TRITON_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 T_START = time.monotonic()
 
 
@@ -222,6 +224,18 @@ class Server:
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
+    def model_stats(self) -> dict[str, dict[str, float]]:
+        """Triton's own statistics of draft_model and target_model: request count and summed
+        nanoseconds of queue, compute_input, compute_infer, compute_output."""
+        out = {}
+        for model in (DRAFT, TARGET):
+            url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
+            st = json.loads(urllib.request.urlopen(url, timeout=10).read())
+            inf = st["model_stats"][0]["inference_stats"]
+            out[model] = {"count": float(inf["success"]["count"]),
+                          **{key: float(inf[key]["ns"]) for key in TRITON_PHASES}}
+        return out
+
     def stop(self) -> None:
         self._stop_sampling.set()
         if self.proc.poll() is None:
@@ -235,6 +249,29 @@ class Server:
 
 def metric_delta(before: dict, after: dict) -> dict:
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def triton_split(before: dict, after: dict, timed: dict[str, tuple[float, float]]) -> dict:
+    """Where the orchestrator's wait for one BLS call goes, per timed call: queue (Triton's
+    dynamic batcher), compute (Triton's compute_input + compute_infer + compute_output: the
+    stub's execute plus moving request and response between server and stub) and the rest (the
+    orchestrator's own request and response handling, the core's routing). timed: model ->
+    (seconds summed, calls) as the orchestrator's histograms saw them. Triton's sums also hold
+    each request's release call (one per model per request, untimed by the orchestrator), so
+    queue and compute are slightly overstated and the rest understated."""
+    out = {}
+    for model, b in before.items():
+        a = after[model]
+        total_s, calls = timed.get(model, (0.0, 0.0))
+        if not calls:
+            continue
+        per = {key: (a[key] - b[key]) / calls / 1e9 for key in TRITON_PHASES}
+        compute = per["compute_input"] + per["compute_infer"] + per["compute_output"]
+        call = total_s / calls
+        out[model] = {"calls": int(calls), "triton_requests": int(a["count"] - b["count"]),
+                      "call_s": call, "queue_s": per["queue"], "compute_s": compute,
+                      "rest_s": call - per["queue"] - compute}
+    return out
 
 
 def settle_metrics(server: Server, before: dict, output_tokens: int) -> dict:
@@ -667,6 +704,14 @@ def tables(report: dict) -> str:
             f"| {ms(s['overhead_s'])} | {100 * s['draft_s'] / w:.0f} "
             f"| {100 * s['verify_s'] / w:.0f} "
             f"| {100 * s['overhead_s'] / w:.0f} | {num(s.get('verify_vs_k0'))} |")
+    split_rows = [(r, m, v) for r in rows for m, v in r.get("bls_split", {}).items()]
+    if split_rows:
+        lines += ["", "### One BLS call, as the orchestrator and Triton time it (single stream)",
+                  "", "| setting | model | calls | call ms | queue ms | compute ms | rest ms |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for r, model, v in split_rows:
+            lines.append(f"| {r['setting']} | {model} | {v['calls']} | {ms(v['call_s'])} "
+                         f"| {ms(v['queue_s'])} | {ms(v['compute_s'])} | {ms(v['rest_s'])} |")
     if report.get("concurrency"):
         lines += ["", "### Concurrency (server)", "",
                   "| setting | streams | requests | aggregate tok/s | per-stream tok/s "
@@ -849,8 +894,10 @@ def main(argv=None) -> int:
             for j in range(args.warmup):
                 server_request(url, prompts[j % len(prompts)][1], -1, k, args.max_tokens)
             before = server.metrics()
+            stats_before = server.model_stats()
             reqs, _ = run_requests(url, prompts, k, args.max_tokens, 1, label)
             d = settle_metrics(server, before, sum(r.tokens for r in reqs))
+            stats_after = server.model_stats()
             row = {"setting": label, "k": k, "backend": "triton", **latency_summary(reqs)}
             rounds = d.get("specdec_rounds_total", 0)
             drafted = d.get("specdec_draft_tokens_total", 0)
@@ -880,6 +927,9 @@ def main(argv=None) -> int:
                                 draft_sum / d["specdec_draft_latency_seconds_count"]
                                 if d.get("specdec_draft_latency_seconds_count") else None),
                             "verify_vs_k0": (verify_sum / verify_count) / k0_verify}
+            row["bls_split"] = triton_split(stats_before, stats_after, {
+                DRAFT: (draft_sum, d.get("specdec_draft_latency_seconds_count", 0)),
+                TARGET: (verify_sum, verify_count)})
             row["metric_deltas"] = d
             row["per_request"] = [{**asdict(r), "text": None} for r in reqs]
             single.append(row)

@@ -46,3 +46,18 @@ def test_presets_and_scale():
     assert small["num_hidden_layers"] == 2 and small["head_dim"] == 128
     assert small["num_attention_heads"] % small["num_key_value_heads"] == 0
     assert small["hidden_size"] == small["num_attention_heads"] * small["head_dim"]
+
+
+def test_triton_split_puts_the_rest_of_the_call_outside_queue_and_compute():
+    before = {bench.TARGET: {"count": 10, "queue": 0, "compute_input": 0, "compute_infer": 0,
+                             "compute_output": 0}}
+    after = {bench.TARGET: {"count": 14, "queue": 4e6, "compute_input": 1e6,
+                            "compute_infer": 20e6, "compute_output": 1e6}}
+    # 4 timed calls of 8 ms each: 1 ms queue + 5.5 ms compute + 1.5 ms elsewhere
+    (v,) = bench.triton_split(before, after, {bench.TARGET: (0.032, 4)}).values()
+    assert v["calls"] == 4 and v["triton_requests"] == 4
+    assert v["call_s"] == pytest.approx(0.008)
+    assert v["queue_s"] == pytest.approx(0.001)
+    assert v["compute_s"] == pytest.approx(0.0055)
+    assert v["rest_s"] == pytest.approx(0.0015)
+    assert bench.triton_split(before, after, {bench.TARGET: (0.0, 0)}) == {}
