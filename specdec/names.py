@@ -37,11 +37,10 @@ OUTPUT_IDS = "output_ids"          # orchestrator -> postprocessing; target -> o
 PREFIX_LENGTH = "prefix_length"    # orchestrator -> postprocessing: ids already shown as text
 IS_FINAL = "is_final"              # orchestrator -> postprocessing: flush held-back bytes
 
-# Orchestrator -> draft_model / target_model.
-SEQUENCE_ID = "sequence_id"
-START_POSITION = "start_position"  # roll the sequence's cache back to here, then append tokens
+# Orchestrator -> draft_model / target_model (the packing is in specdec/serving/calls.py).
+CALL = "call"                      # INT64 [6]: sequence id, start, k, top_k, seed, release
+SAMPLING = "sampling"              # FP32 [2]: temperature, top_p
 TOKENS = "tokens"                  # committed tokens the model has not cached yet
 DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target
 DRAFT_PROBS = "draft_probs"        # draft -> orchestrator -> target: q per drafted position
-RELEASE = "release"                # free the sequence's slot; nothing else is done
-NUM_ACCEPTED = "num_accepted"      # target -> orchestrator
+VERDICT = "verdict"                # target -> orchestrator: [accepted, tokens...]

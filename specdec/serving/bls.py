@@ -52,7 +52,5 @@ class BlsVerifier(_Model):
 
     async def verify(self, call: VerifyCall) -> Verdict:
         extra = [] if call.draft_probs is None else [call.draft_probs]
-        response = await self.call(calls.verify_inputs(call),
-                                   [names.OUTPUT_IDS, names.NUM_ACCEPTED], extra)
-        tokens = self.output(response, names.OUTPUT_IDS).reshape(-1).tolist()
-        return Verdict(tokens, int(self.output(response, names.NUM_ACCEPTED).reshape(-1)[0]))
+        response = await self.call(calls.verify_inputs(call), [names.VERDICT], extra)
+        return calls.verdict(self.output(response, names.VERDICT))

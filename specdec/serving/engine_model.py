@@ -15,8 +15,7 @@ from . import calls
 from .adapter import error_response, parameters, read_inputs, read_torch, torch_output
 from .settings import EngineSettings
 
-_COMMON = (names.SEQUENCE_ID, names.START_POSITION, names.TOKENS, names.TEMPERATURE,
-           names.TOP_K, names.TOP_P, names.SEED, names.RELEASE)
+_COMMON = (names.CALL, names.SAMPLING, names.TOKENS)
 
 
 class _EngineModel:
@@ -76,7 +75,7 @@ class _EngineModel:
 
 class DraftModel(_EngineModel):
     role = "draft"
-    inputs = _COMMON + (names.NUM_DRAFT_TOKENS,)
+    inputs = _COMMON
 
     def parse(self, inputs, request):
         return calls.propose_call(inputs)
@@ -103,5 +102,4 @@ class TargetModel(_EngineModel):
         return self.engine.verify(work)
 
     def outputs(self, v: Verdict, request) -> list:
-        return [self.pb.Tensor(names.OUTPUT_IDS, np.array([v.tokens], np.int32)),
-                self.pb.Tensor(names.NUM_ACCEPTED, np.array([[v.num_accepted]], np.int32))]
+        return [self.pb.Tensor(names.VERDICT, calls.verdict_output(v))]

@@ -6,7 +6,7 @@ import torch
 
 from specdec import names
 from specdec.config import CheckpointError
-from specdec.engine import ProposeCall, VerifyCall
+from specdec.engine import ProposeCall, Verdict, VerifyCall
 from specdec.kv_cache import SlotError
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
@@ -75,6 +75,12 @@ def test_wire_format_round_trip_and_config_types():
     assert (v.seq_id, v.start, v.tokens, v.drafts, v.draft_probs) == (2**63 + 11, 5, [3, 4], [8, 9], None)
     assert calls.verify_call(calls.verify_inputs(VerifyCall(1, 0, [3], [], None, s)), None).drafts == []
     assert calls.is_release(calls.release_inputs(9)) and not calls.is_release(p_in)
+    assert set(p_in) == {names.CALL, names.SAMPLING, names.TOKENS}  # every tensor costs a call
+    assert calls.sequence_id(calls.release_inputs(2**64 - 1)) == 2**64 - 1
+    assert calls.verdict(calls.verdict_output(Verdict([7, 8, 9], 2))) == Verdict([7, 8, 9], 2)
+    p_in[names.CALL] = p_in[names.CALL][:, :4]
+    with pytest.raises(ValueError, match="call has 4 values, expected 6"):
+        calls.propose_call(p_in)
 
 
 # --- the fake's own strictness

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from specdec import names
-from specdec.engine import Engine, ProposeCall
+from specdec.engine import Engine, ProposeCall, VerifyCall
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import Request, speculate
 from specdec.sampling import SamplingParams
+from specdec.serving import calls
 from specdec.weights import load_model
 from tests.adapters import fake_pb
 from tests.adapters.conftest import MAX_SEQ_LEN, orchestrator_request, run_all
@@ -283,32 +284,27 @@ def test_model_failure_is_internal_and_releases(serving):
 
 # --- draft_model / target_model execute() with several requests at once
 
-def engine_request(seq_id, start, tokens, requested, **extra):
-    inputs = {names.SEQUENCE_ID: np.array([[seq_id]], np.uint64),
-              names.START_POSITION: np.array([[start]], np.int32),
-              names.TOKENS: np.array([tokens], np.int32)}
-    inputs.update(extra)
-    return fake_pb.InferenceRequest("draft_model", [fake_pb.Tensor(n, v) for n, v in inputs.items()],
+def engine_request(model, inputs, requested):
+    return fake_pb.InferenceRequest(model, [fake_pb.Tensor(n, v) for n, v in inputs.items()],
                                     requested)
 
 
-def sampled(temperature=0.0, seed=0, k=3):
-    return {names.NUM_DRAFT_TOKENS: np.array([[k]], np.int32),
-            names.TEMPERATURE: np.array([[temperature]], np.float32),
-            names.SEED: np.array([[seed]], np.uint64)}
+def propose_request(seq_id, start, tokens, temperature=0.0, seed=0, k=3):
+    call = ProposeCall(seq_id, start, tokens, k, SamplingParams(temperature, seed=seed))
+    return engine_request("draft_model", calls.propose_inputs(call),
+                          [names.DRAFT_TOKENS, names.DRAFT_PROBS])
 
 
 def test_draft_batch_errors_are_per_request(serving):
     draft = serving.draft
-    req = lambda seq, start, toks, **kw: engine_request(   # noqa: E731
-        seq, start, toks, [names.DRAFT_TOKENS, names.DRAFT_PROBS], **sampled(**kw))
+    req = propose_request
     batch = [
         req(1, 0, [5, 6, 7], temperature=0.7, seed=3),
         req(2, 4, [8]),                                   # never opened, start_position > 0
         req(3, 0, [9, 10]),
         req(3, 0, [9, 10]),                               # the same sequence twice in a batch
         req(4, 0, [10**6]),                               # token id out of range
-        engine_request(5, 0, [1], []),                    # num_draft_tokens missing
+        req(5, 0, [1], k=0),                              # nothing to draft
     ]
     responses = draft.execute(batch)
     assert len(responses) == len(batch)
@@ -317,6 +313,7 @@ def test_draft_batch_errors_are_per_request(serving):
     assert "not open" in responses[1].error().message()
     assert "twice" in responses[3].error().message()
     assert "out of range" in responses[4].error().message()
+    assert "nothing to draft" in responses[5].error().message()
     assert all(r.error().code() == fake_pb.TritonError.INTERNAL for r in responses if r.has_error())
     fake_pb.ModelConfig("draft_model").check_outputs(responses[0].output_tensors())
     tokens1 = out(responses[0], names.DRAFT_TOKENS)
@@ -329,8 +326,7 @@ def test_draft_batch_errors_are_per_request(serving):
 
     # Alone, in a fresh model, the good requests give the same drafts: the bad ones did not
     # disturb the batch.
-    release = [engine_request(s, 0, [0], [], **{names.RELEASE: np.array([[True]])})
-               for s in (1, 3, 2)]
+    release = [engine_request("draft_model", calls.release_inputs(s), []) for s in (1, 3, 2)]
     assert not any(r.has_error() for r in draft.execute(release))   # 2: release of unknown id
     assert draft.engine.pool.active == 0
     (alone1,) = draft.execute([batch[0]])
@@ -343,15 +339,9 @@ def test_draft_batch_errors_are_per_request(serving):
 def test_target_batch_errors_are_per_request(serving):
     target = serving.target
 
-    def req(seq, start, toks, drafts=None):
-        inputs = {names.SEQUENCE_ID: np.array([[seq]], np.uint64),
-                  names.START_POSITION: np.array([[start]], np.int32),
-                  names.TOKENS: np.array([toks], np.int32)}
-        if drafts is not None:
-            inputs[names.DRAFT_TOKENS] = np.array([drafts], np.int32)
-        return fake_pb.InferenceRequest("target_model",
-                                        [fake_pb.Tensor(n, v) for n, v in inputs.items()],
-                                        [names.OUTPUT_IDS, names.NUM_ACCEPTED])
+    def req(seq, start, toks, drafts):
+        call = VerifyCall(seq, start, toks, drafts, None, SamplingParams())
+        return engine_request("target_model", calls.verify_inputs(call), [names.VERDICT])
 
     responses = target.execute([req(1, 0, [5, 6, 7], [8, 9]), req(2, 3, [4], [1]),
                                 req(3, 0, [11], [])])
@@ -359,8 +349,8 @@ def test_target_batch_errors_are_per_request(serving):
     assert "not open" in responses[1].error().message()
     for r in (responses[0], responses[2]):
         fake_pb.ModelConfig("target_model").check_outputs(r.output_tensors())
-        m = int(out(r, names.NUM_ACCEPTED)[0, 0])
-        assert out(r, names.OUTPUT_IDS).shape == (1, m + 1)
+        v = calls.verdict(out(r, names.VERDICT))
+        assert len(v.tokens) == v.num_accepted + 1 and 0 <= v.num_accepted <= 2
     assert target.engine.pool.active == 2
 
 
