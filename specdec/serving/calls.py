@@ -1,9 +1,8 @@
 """The wire format between the orchestrator and draft_model / target_model, both directions.
 
-A call is one Triton request with batch dimension 1; every tensor below is [1, ...]. Each tensor
-that crosses the Python backend's process boundary costs time on every call (about 0.15 ms on
-the 2-core CPU: four fewer tensors per greedy call made target-only decoding 11 % faster), so
-a call's scalars travel packed:
+A call is one Triton request with batch dimension 1; every tensor below is [1, ...]. Every
+tensor is allocated, described and mapped on both sides of the Python backend's process
+boundary on every call, so a call's scalars travel packed (three tensors instead of up to nine):
 
     call      INT64 [6]  sequence id, start position, num_draft_tokens (verify: 0), top_k,
                          seed, release (1: free the sequence's slot, nothing else)
