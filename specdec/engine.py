@@ -69,7 +69,10 @@ class Engine:
             cuda_graphs = device.type == "cuda"
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs needs a CUDA device, not {device.type}")
-        self.graphs = GraphedForward(model, self.cache, max_sequences) if cuda_graphs else None
+        self.graphs = None
+        if cuda_graphs:
+            self.graphs = GraphedForward(model, self.cache, max_sequences)
+            self.graphs.warm_up()
         self.pool = SlotPool(max_sequences)
         # A draft serving another model's vocabulary drafts only ids the target has, and is fed
         # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.

@@ -58,6 +58,15 @@ class GraphedForward:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple[int, int], _Static] = {}
 
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Capture the one-row, one-token graph now, so that a forward that cannot be captured
+        fails the load (set cuda_graphs = false) instead of every request."""
+        key = (1, 1)
+        self.graphs[key] = _Static(*key, self.cache, self.device)
+        if self.capture:
+            self._capture(self.graphs[key])
+
     def fits(self, batch: Batch) -> bool:
         b, t = batch.tokens.shape
         return (b <= self.buckets[-1] and t <= self.max_tokens

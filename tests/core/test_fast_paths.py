@@ -110,6 +110,14 @@ def test_sampled_rows_equal_the_eager_path(pair_dir, flash, graphs):
     assert got == want
 
 
+def test_warm_up_prepares_the_one_token_graph(pair_dir):
+    target, _ = engines(pair_dir)
+    g = GraphedForward(target.model, target.cache, 4, capture=False)
+    g.warm_up()
+    static = g.graphs[(1, 1)]
+    assert static.read.tolist() == [target.cache.scratch] and static.used == 0
+
+
 def test_padding_rows_are_reset_when_the_batch_shrinks(pair_dir):
     target, _ = engines(pair_dir)
     g = GraphedForward(target.model, target.cache, 4, capture=False)
@@ -149,6 +157,7 @@ def test_captured_cuda_graphs_keep_greedy_exact(pair_dir, hf_greedy):  # noqa: F
             results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()[:n]])
             assert [r[0] for r in results] == hf_greedy[:n], (k, n)
     assert all(g.graph is not None for g in target.graphs.graphs.values())
+    assert (1, 1) in draft.graphs.graphs   # captured at load
 
 
 @cuda
