@@ -14,12 +14,15 @@ row's T tokens fit in max_len; otherwise that forward takes SDPA.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 
 from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .model import Batch
 
 FlashKernel = Callable[..., torch.Tensor]
 
@@ -39,21 +42,23 @@ def flash_usable(device: torch.device, dtype: torch.dtype) -> bool:
 @dataclass
 class Plan:
     """How one forward attends; computed once, used by every layer."""
+    flash: FlashKernel | None = None      # flash-attn's kernel, or None: SDPA
     mask: torch.Tensor | None = None      # SDPA: [B, 1, T, L] keys each query may see
     seqlens: torch.Tensor | None = None   # flash: [B] int32 tokens cached before this forward
     slots: torch.Tensor | None = None     # flash: [B] int32 slot of each row
     window: tuple[int, int] = (-1, -1)    # flash: (left, right) sliding window, -1 = none
 
 
-def plan(positions: torch.Tensor, read_slots: torch.Tensor, kv_len: int, max_end: int,
-         cache: KVCache, sliding_window: int | None, flash: FlashKernel | None) -> Plan:
-    """positions [B, T] (each row's run starts at its cached length); max_end: a host bound on
-    first position + T over rows."""
-    if flash is not None and max_end <= cache.max_len:
+def plan(batch: "Batch", cache: KVCache, sliding_window: int | None,
+         flash: FlashKernel | None) -> Plan:
+    """Each row's run of positions starts at its cached length; batch.max_end bounds where
+    flash-attn would write."""
+    positions = batch.positions                                             # [B, T]
+    if flash is not None and batch.max_end <= cache.max_len:
         window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
-        return Plan(seqlens=positions[:, 0].to(torch.int32), slots=read_slots.to(torch.int32),
-                    window=window)
-    keys = torch.arange(kv_len, device=positions.device)
+        return Plan(flash=flash, seqlens=positions[:, 0].to(torch.int32),
+                    slots=batch.read_slots.to(torch.int32), window=window)
+    keys = torch.arange(batch.kv_len, device=positions.device)
     pos = positions[:, None, :, None]                                       # [B, 1, T, 1]
     mask = keys <= pos                                                      # [B, 1, T, L]
     if sliding_window:
@@ -62,15 +67,14 @@ def plan(positions: torch.Tensor, read_slots: torch.Tensor, kv_len: int, max_end
 
 
 def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-           write_slots: torch.Tensor, positions: torch.Tensor, read_slots: torch.Tensor,
-           kv_len: int, first_slot: int | None, cache: KVCache,
-           flash: FlashKernel | None) -> torch.Tensor:
+           batch: "Batch", cache: KVCache) -> torch.Tensor:
     """q [B, T, H, D], k and v [B, T, KV, D] (rotated); returns [B, T, H, D]."""
-    if p.mask is None:
-        return flash(q, cache.k[layer], cache.v[layer], k=k, v=v, cache_seqlens=p.seqlens,
-                     cache_batch_idx=p.slots, causal=True, window_size=p.window)
-    cache.write(layer, write_slots, positions, k, v)
-    keys, values = cache.read(layer, read_slots, kv_len, first_slot)        # [B, L, KV, D]
+    if p.flash is not None:
+        return p.flash(q, cache.k[layer], cache.v[layer], k=k, v=v, cache_seqlens=p.seqlens,
+                       cache_batch_idx=p.slots, causal=True, window_size=p.window)
+    cache.write(layer, batch.write_slots, batch.positions, k, v)
+    keys, values = cache.read(layer, batch.read_slots, batch.kv_len,
+                              batch.first_slot)                             # [B, L, KV, D]
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=p.mask,
         enable_gqa=q.shape[2] != k.shape[2])                                # [B, H, T, D]

@@ -108,15 +108,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(args.hidden_size, kv * d, bias=args.qkv_bias)
         self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_bias)
 
-    def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch, cache: KVCache,
-                flash: attention.FlashKernel | None) -> torch.Tensor:
+    def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch,
+                cache: KVCache) -> torch.Tensor:
         b, t, _ = x.shape
         a = self.args
         q = rotate(self.q_proj(x).view(b, t, a.num_heads, a.head_dim), cos, sin)
         k = rotate(self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim), cos, sin)
         v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
-        out = attention.attend(plan, q, k, v, self.layer, batch.write_slots, batch.positions,
-                               batch.read_slots, batch.kv_len, batch.first_slot, cache, flash)
+        out = attention.attend(plan, q, k, v, self.layer, batch, cache)
         return self.o_proj(out.reshape(b, t, -1))
 
 
@@ -139,8 +138,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, cos, sin, plan, batch: Batch, cache: KVCache, flash) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, batch, cache, flash)
+    def forward(self, x, cos, sin, plan, batch: Batch, cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, batch, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -171,10 +170,9 @@ class Transformer(nn.Module):
         freqs = batch.positions[..., None].float() * self.inv_freq              # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]                  # [B, T, 1, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        plan = attention.plan(batch.positions, batch.read_slots, batch.kv_len, batch.max_end,
-                              cache, self.args.sliding_window, self.flash)
+        plan = attention.plan(batch, cache, self.args.sliding_window, self.flash)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, plan, batch, cache, self.flash)
+            x = layer(x, cos, sin, plan, batch, cache)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

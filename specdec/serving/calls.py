@@ -30,6 +30,10 @@ def _signed(v: int) -> int:
     return v - _U64 if v >= 1 << 63 else v
 
 
+def _unsigned(v: int) -> int:
+    return v % _U64
+
+
 def _inputs(seq_id: int, start: int, tokens: list[int], k: int, s: SamplingParams,
             release: bool = False) -> dict[str, np.ndarray]:
     return {
@@ -64,7 +68,7 @@ def _fields(inputs: dict) -> list[int]:
 def sampling(inputs: dict) -> SamplingParams:
     f = _fields(inputs)
     temperature, top_p = inputs[names.SAMPLING].reshape(-1).tolist()
-    return SamplingParams(float(temperature), int(f[_TOP_K]), float(top_p), f[_SEED] % _U64)
+    return SamplingParams(float(temperature), int(f[_TOP_K]), float(top_p), _unsigned(f[_SEED]))
 
 
 def is_release(inputs: dict) -> bool:
@@ -72,12 +76,12 @@ def is_release(inputs: dict) -> bool:
 
 
 def sequence_id(inputs: dict) -> int:
-    return _fields(inputs)[_SEQ] % _U64
+    return _unsigned(_fields(inputs)[_SEQ])
 
 
 def propose_call(inputs: dict) -> ProposeCall:
     f = _fields(inputs)
-    return ProposeCall(f[_SEQ] % _U64, f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
+    return ProposeCall(_unsigned(f[_SEQ]), f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
                        f[_K], sampling(inputs))
 
 
@@ -85,7 +89,7 @@ def verify_call(inputs: dict, draft_probs) -> VerifyCall:
     """draft_probs: a torch tensor [k, V] or None (greedy: one-hot of the drafts)."""
     f = _fields(inputs)
     drafts = inputs.get(names.DRAFT_TOKENS)
-    return VerifyCall(f[_SEQ] % _U64, f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
+    return VerifyCall(_unsigned(f[_SEQ]), f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
                       [] if drafts is None else drafts.reshape(-1).tolist(),
                       draft_probs, sampling(inputs))
 
