@@ -1,8 +1,9 @@
 """One decoder for the Llama family (Llama 2/3, Mistral, Qwen2), used by draft and target alike.
 
 Touvron et al. 2023 (Llama), Su et al. 2021 (RoPE), Ainslie et al. 2023 (grouped-query
-attention). Module attribute names follow Hugging Face's, so a checkpoint's state dict loads
-as is. Every forward is ragged: row b appends its tokens at its own positions into its own KV
+attention). Module attribute names follow Hugging Face's, except that q/k/v and gate/up are one
+matrix each (`FUSED`; weights.py concatenates them at load): one matmul in place of three, and
+on the CPU and at batch 1 every operator call costs about as much as its arithmetic. Every forward is ragged: row b appends its tokens at its own positions into its own KV
 slot, so a batch mixes prefills, K+1-token verifications and single draft steps.
 """
 from __future__ import annotations
@@ -79,11 +80,15 @@ def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     return inv
 
 
+# Checkpoint tensors that are one tensor here, concatenated along the output dimension in order.
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos, sin: [B, T, 1, D] (Hugging Face's half-split layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """x: [B, T, H, D]; cos, sin: [B, T, 1, D], sin negated in its first half (Hugging Face's
+    half-split layout: x * cos + cat(-x2, x1) * sin, with the sign moved into sin)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 class RMSNorm(nn.Module):
@@ -103,18 +108,16 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.args = layer, args
         h, kv, d = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.hidden_size, h * d, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.hidden_size, kv * d, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.hidden_size, kv * d, bias=args.qkv_bias)
+        self.qkv_proj = nn.Linear(args.hidden_size, (h + 2 * kv) * d, bias=args.qkv_bias)
         self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_bias)
 
     def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch,
                 cache: KVCache) -> torch.Tensor:
         b, t, _ = x.shape
-        a = self.args
-        q = rotate(self.q_proj(x).view(b, t, a.num_heads, a.head_dim), cos, sin)
-        k = rotate(self.k_proj(x).view(b, t, a.num_kv_heads, a.head_dim), cos, sin)
-        v = self.v_proj(x).view(b, t, a.num_kv_heads, a.head_dim)
+        h, kv = self.args.num_heads, self.args.num_kv_heads
+        qkv = self.qkv_proj(x).view(b, t, h + 2 * kv, self.args.head_dim)
+        qk = rotate(qkv[:, :, : h + kv], cos, sin)                            # [B, T, H+KV, D]
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv:]
         out = attention.attend(plan, q, k, v, self.layer, batch, cache)
         return self.o_proj(out.reshape(b, t, -1))
 
@@ -122,12 +125,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, -1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -168,8 +171,10 @@ class Transformer(nn.Module):
         """Hidden states [B, T, hidden] after the final norm; the batch's KV is now cached."""
         x = self.model.embed_tokens(batch.tokens)
         freqs = batch.positions[..., None].float() * self.inv_freq              # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]                  # [B, T, 1, D]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :]            # [B, T, 1, D]
+        half = freqs.sin()
+        sin = torch.cat((-half, half), dim=-1)[:, :, None, :]                   # rotate's sign
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         plan = attention.plan(batch, cache, self.args.sliding_window, self.flash)
         for layer in self.model.layers:
             x = layer(x, cos, sin, plan, batch, cache)

@@ -9,7 +9,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import CheckpointError, ModelArgs
-from .model import Transformer, rope_frequencies
+from .model import FUSED, Transformer, rope_frequencies
 
 # Buffers some older checkpoints carry that this implementation recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -46,7 +46,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
         except (OSError, SafetensorError) as e:
             raise CheckpointError(f"{file}: cannot be read: {e}") from None
     state = {k: v.to(dtype) for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
-    expected = set(model.state_dict())
+    expected = set(_checkpoint_names(model.state_dict()))
     if args.tie_word_embeddings:
         expected.discard("lm_head.weight")
         state.pop("lm_head.weight", None)
@@ -55,6 +55,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
         raise CheckpointError(
             f"{path}: weights do not match config.json: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}")
+    state = _fuse(state, args, path)
     for name, tensor in state.items():
         want = model.get_parameter(name).shape
         if tensor.shape != want:
@@ -65,3 +66,39 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
     model.inv_freq = rope_frequencies(args).to(device)  # a buffer left on meta by the build
     return model.eval().requires_grad_(False)
 
+
+def _checkpoint_names(names) -> list[str]:
+    """The model's parameter names as a Hugging Face checkpoint spells them (FUSED split)."""
+    out = []
+    for name in names:
+        for fused, parts in FUSED.items():
+            if f".{fused}." in name:
+                out += [name.replace(f".{fused}.", f".{part}.") for part in parts]
+                break
+        else:
+            out.append(name)
+    return out
+
+
+def _fuse(state: dict[str, torch.Tensor], args: ModelArgs, path: Path) -> dict[str, torch.Tensor]:
+    """`state` (all names present) with each FUSED group concatenated under the model's name.
+    The parts' shapes are checked first: a concatenation would hide which part is wrong."""
+    d = args.head_dim
+    rows = {"self_attn.q_proj": args.num_heads * d, "self_attn.k_proj": args.num_kv_heads * d,
+            "self_attn.v_proj": args.num_kv_heads * d, "mlp.gate_proj": args.intermediate_size,
+            "mlp.up_proj": args.intermediate_size}
+    for layer in range(args.num_layers):
+        for fused, parts in FUSED.items():
+            for suffix in ("weight", "bias"):
+                names = [f"model.layers.{layer}.{part}.{suffix}" for part in parts]
+                if names[0] not in state:
+                    continue  # no bias
+                for name, part in zip(names, parts):
+                    want = (rows[part], args.hidden_size)[: 2 if suffix == "weight" else 1]
+                    if tuple(state[name].shape) != want:
+                        raise CheckpointError(f"{path}: {name} has shape "
+                                              f"{tuple(state[name].shape)}, config.json implies "
+                                              f"{want}")
+                state[f"model.layers.{layer}.{fused}.{suffix}"] = torch.cat(
+                    [state.pop(name) for name in names])
+    return state

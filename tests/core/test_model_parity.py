@@ -57,3 +57,19 @@ def test_pool_that_cannot_fit_is_refused_at_load(tmp_path):
     with pytest.raises(ValueError, match="lower max_sequences or max_seq_len"):
         Engine.load(str(path), max_sequences=10**7, max_len=256, dtype=torch.float32,
                     device=torch.device("cpu"))
+
+
+def test_checkpoint_tensors_are_checked_before_fusing(tmp_path):
+    """q/k/v and gate/up are concatenated at load: errors still name the checkpoint's tensors."""
+    from safetensors.torch import load_file, save_file
+    from specdec.config import CheckpointError
+    path = make_checkpoint(tmp_path / "m")
+    state = load_file(str(path / "model.safetensors"))
+    k = "model.layers.1.self_attn.k_proj.weight"
+    save_file({**state, k: state[k][:-1].contiguous()}, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"{k} has shape"):
+        load_model(path, torch.float32, "cpu")
+    del state["model.layers.0.mlp.up_proj.weight"]
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing \['model.layers.0.mlp.up_proj.weight'\]"):
+        load_model(path, torch.float32, "cpu")
