@@ -1,4 +1,4 @@
-"""The benchmark's arithmetic, no server: `.venv/bin/python -m pytest benchmarks`."""
+"""The benchmarks' arithmetic, no server (part of `make test`)."""
 import math
 import sys
 from pathlib import Path
@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import bench  # noqa: E402
+import draft_schedules  # noqa: E402
 import make_random_pair  # noqa: E402
 
 
@@ -61,3 +62,27 @@ def test_triton_split_puts_the_rest_of_the_call_outside_queue_and_compute():
     assert v["compute_s"] == pytest.approx(0.0055)
     assert v["rest_s"] == pytest.approx(0.0015)
     assert bench.triton_split(before, after, {bench.TARGET: (0.0, 0)}) == {}
+
+
+def test_draft_schedules_replay_rounds_exactly():
+    # Two positions' records are enough to follow the path: at 0 the draft matches the target
+    # for 3 tokens, at 4 for 1; every other position matches nothing.
+    none = ([0.9] * 4, [0] * 4)
+    rows = [([0.9, 0.9, 0.3, 0.9], [1, 1, 1, 0])] + [none] * 3 + [([0.9] * 4, [1, 0, 0, 0])] + \
+        [none] * 3
+
+    def fixed(k):
+        return lambda s, c: k
+
+    def no_update(s, a, k):
+        return None
+
+    # K=4: round 1 accepts 3 (+1 own token) -> position 4; accepts 1 -> 6; then 1 per round.
+    assert draft_schedules.replay([rows], 8, fixed(4), no_update) == (8, 4, 16)
+    # K=2: accepts 2 -> 3; 0 -> 4; 1 -> 6; 0 -> 7; 0 -> 8.
+    assert draft_schedules.replay([rows], 8, fixed(2), no_update) == (8, 5, 10)
+
+    def by_confidence(s, conf):  # stop after the first draft token below 0.5
+        return next((j + 1 for j, c in enumerate(conf) if c < 0.5), 4)
+    # Drafts 3 at position 0 (the third is unsure) and accepts all 3.
+    assert draft_schedules.replay([rows], 8, by_confidence, no_update)[:2] == (8, 4)
