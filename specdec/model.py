@@ -3,8 +3,10 @@
 Touvron et al. 2023 (Llama), Su et al. 2021 (RoPE), Ainslie et al. 2023 (grouped-query
 attention). Module attribute names follow Hugging Face's, except that q/k/v and gate/up are one
 matrix each (`FUSED`; weights.py concatenates them at load): one matmul in place of three, and
-on the CPU and at batch 1 every operator call costs about as much as its arithmetic. Every forward is ragged: row b appends its tokens at its own positions into its own KV
-slot, so a batch mixes prefills, K+1-token verifications and single draft steps.
+on the CPU and at batch 1 every operator call costs about as much as its arithmetic.
+
+Every forward is ragged: row b appends its tokens at its own positions into its own KV slot, so
+a batch mixes prefills, K+1-token verifications and single draft steps.
 """
 from __future__ import annotations
 
