@@ -71,8 +71,10 @@ def replay(paths, n: int, choose_k, after_round):
             while accepted < k and match[accepted]:
                 accepted += 1
             after_round(state, accepted, k)
-            i, tokens, rounds, drafted = i + accepted + 1, tokens + accepted + 1, rounds + 1, \
-                drafted + k
+            i += accepted + 1
+            tokens += accepted + 1
+            rounds += 1
+            drafted += k
     return tokens, rounds, drafted
 
 
