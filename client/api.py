@@ -94,7 +94,8 @@ class GenerationParams:
     Field names are the ensemble's input names. ``None`` leaves the input out
     of the request so the server's default applies; an empty ``stop_words``
     is treated the same way because a zero-width tensor is not a valid input.
-    ``num_draft_tokens=0`` asks for plain target decoding.
+    ``num_draft_tokens=0`` asks for plain target decoding; ``None`` (or -1) lets
+    the server choose the draft length per round.
     """
 
     max_tokens: int | None = None
@@ -111,7 +112,7 @@ class GenerationParams:
         _check(self.top_p, TOP_P, 0.0, 1.0)
         _check(self.top_k, TOP_K, 0, integer=True)
         _check(self.seed, SEED, 0, 2**64 - 1, integer=True)
-        _check(self.num_draft_tokens, NUM_DRAFT_TOKENS, 0, integer=True)
+        _check(self.num_draft_tokens, NUM_DRAFT_TOKENS, -1, integer=True)
         if self.stop_words is not None:
             if isinstance(self.stop_words, (str, bytes)):
                 raise TypeError("stop_words must be a sequence of strings, not one string")

@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--num-draft-tokens", type=int, help="0 decodes with the target model only")
+    p.add_argument("--num-draft-tokens", type=int,
+                   help="K per round; 0 decodes with the target model only; default: the "
+                        "server chooses per round")
     p.add_argument("--stop-word", action="append", dest="stop_words", metavar="W",
                    help="stop generating at W (repeatable)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,

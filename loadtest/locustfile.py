@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtest import outcome  # noqa: E402
 from loadtest.grpc_stream import GrpcStreamer  # noqa: E402
-from loadtest.prompts import Mix, RequestPlan, load_prompts, parse_int_list  # noqa: E402
+from loadtest.prompts import Mix, RequestPlan, load_prompts, parse_k_list  # noqa: E402
 from specdec_client import GenerationParams, Result, generate_stream  # noqa: E402
 
 log = logging.getLogger("loadtest")
@@ -59,9 +59,10 @@ STATE: dict = {}
 @events.init_command_line_parser.add_listener
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("triton-specdec", "Speculative-decoding load test options")
-    g.add_argument("--num-draft-tokens", type=str, default="4",
-                   help="K, or a comma-separated list cycled over requests (e.g. 4,0 compares "
-                        "speculative with target-only decoding in one run). Default 4")
+    g.add_argument("--num-draft-tokens", type=str, default="auto",
+                   help="K (auto: the server chooses per round), or a comma-separated list "
+                        "cycled over requests (e.g. auto,4,0 compares the adaptive policy, a "
+                        "fixed K and target-only decoding in one run). Default auto")
     g.add_argument("--max-tokens", type=int, default=64,
                    help="max_tokens of every request. Default 64")
     g.add_argument("--sampled-ratio", type=float, default=0.5,
@@ -139,7 +140,7 @@ def on_init(environment, **_kwargs) -> None:
                 _fail(f"{what} {name!r} is not a loopback address (pass --allow-remote to "
                       f"load-test another machine)")
     try:
-        draft_tokens = parse_int_list(opts.num_draft_tokens, "--num-draft-tokens")
+        draft_tokens = parse_k_list(opts.num_draft_tokens, "--num-draft-tokens")
         prompts = load_prompts(opts.prompts or None, opts.max_prompts, opts.prompt_max_chars)
         mix = Mix(prompts, draft_tokens, opts.max_tokens, opts.sampled_ratio, opts.temperature,
                   opts.top_p, opts.top_k, random.Random(opts.mix_seed))
@@ -198,7 +199,7 @@ def http_call(url: str, prompt: str, params: GenerationParams, timeout: float) -
 def record(environment, request_type: str, plan: RequestPlan,
            call: Callable[[str, GenerationParams, float], Result], url: str) -> bool:
     """Run one streamed request and fire its locust statistics; False when it failed."""
-    name = f"K={plan.num_draft_tokens} {plan.mode}"
+    name = f"K={'auto' if plan.num_draft_tokens is None else plan.num_draft_tokens} {plan.mode}"
     context = {"num_draft_tokens": plan.num_draft_tokens, "mode": plan.mode}
     fire = environment.events.request.fire
     start_time = time.time()

@@ -22,7 +22,7 @@ def check(result: Result) -> None:
                        f"(finish_reason {result.finish_reason!r})")
 
 
-def stream_metrics(result: Result, num_draft_tokens: int) -> list[tuple[str, float, int]]:
+def stream_metrics(result: Result, num_draft_tokens: int | None) -> list[tuple[str, float, int]]:
     """(type, value, length) entries of a successful request: TTFT, TPOT, ITL, TOK/S, ACCEPT%.
 
     An answer without tokens has no first token, no rate and, without drafts, no acceptance.
@@ -38,6 +38,6 @@ def stream_metrics(result: Result, num_draft_tokens: int) -> list[tuple[str, flo
     if result.tokens_per_s is not None:
         out.append(("TOK/S", result.tokens_per_s, tokens))
     drafted = result.total_draft_tokens or 0
-    if num_draft_tokens > 0 and drafted > 0 and result.acceptance_rate is not None:
+    if num_draft_tokens != 0 and drafted > 0 and result.acceptance_rate is not None:
         out.append(("ACCEPT%", result.acceptance_rate * 100.0, drafted))
     return out

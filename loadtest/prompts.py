@@ -73,6 +73,14 @@ def load_prompts(path: str | Path | None = None, limit: int = 0, max_chars: int 
     return prompts
 
 
+def parse_k_list(value: str, name: str) -> list[int | None]:
+    """'auto,4,0' -> [None, 4, 0]: K values, `auto` (None) leaving the choice to the server."""
+    words = [v for v in str(value).replace(" ", "").split(",") if v != ""]
+    if not words:
+        raise ValueError(f"{name}: expected comma-separated integers >= 0 or auto, got {value!r}")
+    return [None if w == "auto" else parse_int_list(w, name)[0] for w in words]
+
+
 def parse_int_list(value: str, name: str, lo: int = 0) -> list[int]:
     """'4' or '4,0' -> [4] / [4, 0]; every value must be an int >= lo."""
     try:
@@ -89,7 +97,7 @@ class RequestPlan:
     """What one load-test request asks for."""
 
     prompt: str
-    num_draft_tokens: int
+    num_draft_tokens: int | None     # None: auto, the server's policy chooses per round
     max_tokens: int
     sampled: bool
     temperature: float
@@ -107,7 +115,7 @@ class Mix:
     """Draws requests: a random prompt, K cycling through the list, greedy or sampled."""
 
     prompts: list[str]
-    draft_tokens: list[int]
+    draft_tokens: list[int | None]
     max_tokens: int
     sampled_ratio: float = 0.5
     temperature: float = 0.8

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
 from .engine import ProposeCall, Proposal, Verdict, VerifyCall
+from .policy import Choice, Planner, Policy
 from .sampling import SamplingParams
 
 
@@ -33,13 +34,14 @@ class Verifier(Protocol):
 class Request:
     prompt: list[int]
     max_tokens: int
-    num_draft_tokens: int
+    num_draft_tokens: int                    # exactly this k per round; with auto, the cap
     sampling: SamplingParams = SamplingParams()
     stop: tuple[tuple[int, ...], ...] = ()   # token sequences that end generation (not shown)
     eos: tuple[int, ...] = ()                # ids that end generation (not shown)
-    # Sampled tokens depend on the round structure, so a seeded sampling request keeps its K
-    # under load: its output is then a function of its inputs and seed alone.
-    fixed_k: bool = False
+    auto: bool = False                       # k chosen per round by the policy (policy.py)
+    # Sampled tokens depend on the round structure, so a seeded sampling request's k may depend
+    # only on its own history: its output is then a function of its inputs and seed alone.
+    reproducible: bool = False
     # The first round is the target's prefill alone, so the first token comes as soon as
     # without speculation; the draft prefills on its first proposal instead.
     prefill_alone: bool = True
@@ -102,66 +104,68 @@ class _Output:
 
 
 @dataclass(frozen=True)
-class LoadPolicy:
-    """How many draft tokens a round may use given the load: speculate when the target is
-    under-used. A verification pass costs about as much as a plain step only while the batch
-    is small (memory-bound); as concurrent sequences grow, K+1 tokens per sequence start to
-    cost K+1 times more, and speculation loses. Full K up to `full_below` active sequences,
-    then linearly less, none from `off_at` on."""
-    full_below: int = 8
-    off_at: int = 32
-
-    def limit(self, k: int, active: int) -> int:
-        if active < self.full_below:
-            return k
-        if active >= self.off_at:
-            return 0
-        return int(k * (self.off_at - active) / (self.off_at - self.full_below + 1))
-
-
-@dataclass(frozen=True)
 class Round:
-    k: int            # tokens drafted
-    accepted: int     # of those, accepted
-    draft_s: float
-    verify_s: float
+    k: int                    # tokens drafted (0 when the draft failed)
+    accepted: int             # of those, accepted
+    draft_s: float            # the draft call, as the loop waited for it
+    verify_s: float           # the target call
+    other_s: float | None = None  # the loop's own time since the previous round's verification
+    prefill: bool = False     # the target saw the prompt (or a long catch-up) this round
+    draft_fed: int = 0        # committed tokens the draft had to catch up on (0: no draft call)
+    failure: str | None = None  # "error", "timeout" or "unavailable": the draft call failed
+    limit: int = 0            # the most the request allowed this round
+    reason: str = ""          # why k < limit (policy.Choice.reason)
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
                     max_len: int, emit: Callable[[Chunk], Awaitable[None] | None],
                     cancelled: Callable[[], bool] = lambda: False,
                     on_round: Callable[[Round], None] | None = None,
-                    allowed_k: Callable[[int], int] = lambda k: k) -> Stats:
+                    policy: Policy | None = None, draft_timeout_s: float | None = None) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
     on_round: observes every round (metrics).
-    allowed_k: the draft tokens a round may use now, given the request's (load policy).
+    policy: chooses each round's k (policy.py); default: exactly req.num_draft_tokens.
+    draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
+    fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
+    if policy is None:
+        policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, auto=False)
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
     target_len = draft_len = 0        # tokens each model has cached, all committed
     drafted = False
+    verified_at = None
     try:
         while out.finish is None:
             if cancelled():
                 out.finish = "cancelled"
                 break
             n = len(committed)
-            k = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
-                allowed_k(req.num_draft_tokens), max_len - n, req.max_tokens - len(out.tokens) - 1))
-            proposal = Proposal([], None)
             t0 = time.perf_counter()
+            limit = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
+                req.num_draft_tokens, max_len - n, req.max_tokens - len(out.tokens) - 1))
+            choice = policy.choose(limit) if limit else Choice(0, "")
+            k, failure, fed = choice.k, None, 0
+            proposal = Proposal([], None)
             if k > 0:
                 drafted = True
-                proposal = await drafter.propose(ProposeCall(
-                    seq_id, draft_len, committed[draft_len:], k, req.sampling))
+                fed = n - draft_len
+                try:
+                    proposal = await asyncio.wait_for(drafter.propose(ProposeCall(
+                        seq_id, draft_len, committed[draft_len:], k, req.sampling)),
+                        draft_timeout_s)
+                except Exception as exc:   # the draft is an accelerator, never a dependency
+                    failure = _failure_reason(exc)
+                    k, draft_len = 0, 0    # its cache is unknown now: re-prefill next time
             t1 = time.perf_counter()
             verdict = await verifier.verify(VerifyCall(
                 seq_id, target_len, committed[target_len:], proposal.tokens, proposal.probs,
                 req.sampling))
             t2 = time.perf_counter()
             m = verdict.num_accepted
+            prefill = n - target_len > 2
             committed += verdict.tokens
             target_len = n + m
             if k > 0:
@@ -172,8 +176,12 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             stats.accepted_per_round.append(m)
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
+            r = Round(k, m, t1 - t0, t2 - t1, None if verified_at is None else t0 - verified_at,
+                      prefill, fed, failure, limit, choice.reason)
+            verified_at = t2
+            policy.observe(r)
             if on_round is not None:
-                on_round(Round(k, m, t1 - t0, t2 - t1))
+                on_round(r)
             out.extend(verdict.tokens)
             stats.num_output_tokens = len(out.tokens)
             new = out.take()
@@ -185,6 +193,12 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     finally:
         releases = [verifier.release(seq_id)] + ([drafter.release(seq_id)] if drafted else [])
         await asyncio.shield(asyncio.gather(*releases, return_exceptions=True))
+
+
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    return "unavailable" if getattr(exc, "unavailable", False) else "error"
 
 
 async def _call(fn, chunk: Chunk) -> None:

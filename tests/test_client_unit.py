@@ -73,7 +73,7 @@ def test_zero_values_are_sent_and_empty_stop_words_are_not() -> None:
     ({"top_k": -1}, ValueError),
     ({"seed": -1}, ValueError),
     ({"seed": 2**64}, ValueError),
-    ({"num_draft_tokens": -1}, ValueError),
+    ({"num_draft_tokens": -2}, ValueError),
     ({"stop_words": "END"}, TypeError),
     ({"stop_words": ["a", 3]}, TypeError),
 ])

@@ -18,11 +18,15 @@ from ..loop import Round, Stats
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 _RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 FINISH_REASONS = ("length", "eos", "stop", "cancelled", "error")
+OFF_REASONS = ("acceptance", "draft_down", "load_cap")      # policy.Choice.reason
+FAILURE_REASONS = ("error", "timeout", "unavailable")       # loop.Round.failure
+COST_PARTS = ("draft_call", "draft_token", "verify_call", "verify_token", "other")
 FLUSH_EVERY_S = 1.0
 
 
 class Metrics:
-    def __init__(self, pb, model: str, max_draft_tokens: int):
+    def __init__(self, pb, model: str, max_draft_tokens: int, estimates=None):
+        """estimates: () -> policy.Estimates, the live figures the policy decides on."""
         kinds = pb.MetricFamily
         labels = {"model": model}
         # Triton requires each MetricFamily to outlive its metrics: all are kept here.
@@ -76,6 +80,26 @@ class Metrics:
                                         "One target_model call (K+1 positions)", _LATENCY_BUCKETS)
         self.round_latency = histogram("specdec_round_latency_seconds",
                                        "Draft + verify of one round", _LATENCY_BUCKETS)
+        self.chosen_k = histogram("specdec_chosen_draft_tokens",
+                                  "Draft tokens chosen for a round that allowed some",
+                                  [float(j) for j in range(max_draft_tokens + 1)])
+        off = family("specdec_speculation_off_rounds_total",
+                     "Rounds drafting nothing although the request allowed it, by reason",
+                     kinds.COUNTER)
+        self.off_rounds = {r: off.Metric(labels={**labels, "reason": r}) for r in OFF_REASONS}
+        failures = family("specdec_draft_failures_total",
+                          "Draft calls that failed; the round went on target-only", kinds.COUNTER)
+        self.draft_failures = {r: failures.Metric(labels={**labels, "reason": r})
+                               for r in FAILURE_REASONS}
+        accept = family("specdec_acceptance_estimate",
+                        "Server-wide acceptance at a draft position, given the earlier accepted",
+                        kinds.GAUGE)
+        self.acceptance_estimate = [accept.Metric(labels={**labels, "position": str(j + 1)})
+                                    for j in range(max_draft_tokens)]
+        cost = family("specdec_round_cost_seconds",
+                      "Fitted cost of a round's parts at the current load", kinds.GAUGE)
+        self.cost_estimate = {p: cost.Metric(labels={**labels, "part": p}) for p in COST_PARTS}
+        self.estimates = estimates
         self._pending: dict[object, float] = {}   # counter -> increment not sent yet
         self._flushed_at = time.monotonic()
 
@@ -88,9 +112,21 @@ class Metrics:
         for counter, n in pending.items():
             counter.increment(n)
         self._flushed_at = time.monotonic()
+        if self.estimates is not None:
+            e = self.estimates()
+            for gauge, a in zip(self.acceptance_estimate, e.acceptance):
+                gauge.set(a)
+            for part, seconds in e.costs.items():
+                self.cost_estimate[part].set(seconds)
 
     def round(self, r: Round) -> None:
         self._count(self.rounds, 1)
+        if r.failure:
+            self._count(self.draft_failures[r.failure], 1)
+        if r.limit:
+            self.chosen_k.observe(r.k)
+            if r.k == 0 and r.reason:
+                self._count(self.off_rounds[r.reason], 1)
         self._count(self.draft_tokens, r.k)
         self._count(self.accepted_tokens, r.accepted)
         for j in range(r.k):

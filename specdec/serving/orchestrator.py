@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from .. import names
-from ..loop import Chunk, LoadPolicy, speculate
+from ..loop import Chunk, speculate
+from ..policy import Planner
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .metrics import Metrics
@@ -34,14 +35,10 @@ class Orchestrator:
         self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
         self.drafter, self.verifier = drafter, verifier
         self.metrics = metrics
-        self.policy = LoadPolicy(settings.spec_full_below, settings.spec_off_at)
+        self.planner = Planner(settings.max_draft_tokens, settings.load_cap)
+        metrics.estimates = self.planner.estimates
         self.slots = asyncio.Semaphore(settings.max_sequences)
         self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
-        self.active = 0
-
-    def _set_active(self, delta: int) -> None:
-        self.active += delta
-        self.metrics.active.set(self.active)
 
     async def handle(self, request) -> None:
         pb = self.pb
@@ -59,7 +56,8 @@ class Orchestrator:
             except asyncio.TimeoutError:
                 raise Unavailable(f"all {self.settings.max_sequences} sequence slots stayed busy "
                                   f"for {self.settings.queue_timeout_s}s; retry later") from None
-            self._set_active(+1)
+            policy = self.planner.open(req.num_draft_tokens, req.auto, req.reproducible)
+            self.metrics.active.set(self.planner.active)
             try:
                 shown: list[int] = []
                 pending: list[int] = []
@@ -84,11 +82,10 @@ class Orchestrator:
 
                 await speculate(next(self.ids), req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, emit, request.is_cancelled,
-                                self.metrics.round,
-                                (lambda k: k) if req.fixed_k else
-                                (lambda k: self.policy.limit(k, self.active)))
+                                self.metrics.round, policy, self.settings.draft_timeout_s)
             finally:
-                self._set_active(-1)
+                self.planner.close(policy)
+                self.metrics.active.set(self.planner.active)
                 self.slots.release()
         except Exception as exc:  # every failure becomes this request's error, never the model's
             if not final_sent:

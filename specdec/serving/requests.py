@@ -16,6 +16,9 @@ from ..sampling import SamplingParams
 from .settings import OrchestratorSettings
 
 
+AUTO = -1   # num_draft_tokens: k chosen per round by the policy, up to max_draft_tokens
+
+
 class InvalidInput(ValueError):
     pass
 
@@ -88,15 +91,18 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     if top_k < 0:
         raise InvalidInput(f"{names.TOP_K}: {top_k} must be >= 0 (0 = off)")
     k = int(_scalar(inputs, names.NUM_DRAFT_TOKENS, settings.default_num_draft_tokens))
-    if not 0 <= k <= settings.max_draft_tokens:
-        raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside 0..{settings.max_draft_tokens}")
+    if not -1 <= k <= settings.max_draft_tokens:
+        raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside 0..{settings.max_draft_tokens}"
+                           f" (-1 or absent: chosen per round)")
+    auto = k == AUTO
     seed = _scalar(inputs, names.SEED, None)
-    fixed_k = seed is not None and temperature > 0
+    reproducible = seed is not None and temperature > 0
     seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) & (2**64 - 1)
     stream = bool(_scalar(inputs, names.STREAM, False))
     stop = _stop_sequences(inputs)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
-    return Request(prompt, max_tokens, k, sampling, stop, eos, fixed_k), stream
+    return Request(prompt, max_tokens, settings.max_draft_tokens if auto else k, sampling, stop,
+                   eos, auto, reproducible), stream
 
 
 def _stop_sequences(inputs: dict) -> tuple[tuple[int, ...], ...]:

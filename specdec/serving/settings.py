@@ -114,22 +114,30 @@ class OrchestratorSettings:
     max_tokens_limit: int = 1024     # largest max_tokens a request may ask for
     default_max_tokens: int = 64
     max_draft_tokens: int = 8        # largest num_draft_tokens a request may ask for
-    default_num_draft_tokens: int = 4
+    default_num_draft_tokens: int = -1  # when a request sends none; -1: auto (policy.py)
     queue_timeout_s: float = 30.0    # wait for a free sequence slot, then UNAVAILABLE
-    spec_full_below: int = 8         # full K while fewer sequences are active (loop.LoadPolicy)
-    spec_off_at: int = 32            # no speculation from this many active sequences on
+    draft_timeout_s: float = 2.0     # a slower draft call counts as failed: target-only rounds
+    spec_full_below: int = 0         # optional cap on auto k: full below this many active
+    spec_off_at: int = 0             # sequences, none from spec_off_at on (0: no cap)
+
+    @property
+    def load_cap(self) -> tuple[int, int] | None:
+        return (self.spec_full_below, self.spec_off_at) if self.spec_off_at else None
 
     @classmethod
     def parse(cls, params: dict) -> "OrchestratorSettings":
         s = _parse(cls, params, {"target_model_path": ENV_PREFIX + "TARGET_MODEL"})
-        if not 0 <= s.default_num_draft_tokens <= s.max_draft_tokens:
-            raise SettingsError("default_num_draft_tokens must be within 0..max_draft_tokens")
+        if not -1 <= s.default_num_draft_tokens <= s.max_draft_tokens:
+            raise SettingsError("default_num_draft_tokens must be -1 (auto) or within "
+                                "0..max_draft_tokens")
         if not 1 <= s.default_max_tokens <= s.max_tokens_limit:
             raise SettingsError("default_max_tokens must be within 1..max_tokens_limit")
         if s.max_sequences < 1 or s.max_seq_len < 2 or s.queue_timeout_s < 0:
             raise SettingsError("max_sequences must be >= 1, max_seq_len >= 2, queue_timeout_s >= 0")
-        if not 1 <= s.spec_full_below < s.spec_off_at:
-            raise SettingsError("need 1 <= spec_full_below < spec_off_at")
+        if (s.spec_full_below or s.spec_off_at) and not 1 <= s.spec_full_below < s.spec_off_at:
+            raise SettingsError("need 1 <= spec_full_below < spec_off_at (or both 0: no cap)")
+        if s.draft_timeout_s <= 0:
+            raise SettingsError("draft_timeout_s must be > 0")
         path = s.target_model_path or str(DEFAULT_TARGET)
         return cls(**{**s.__dict__, "target_model_path": path})
 

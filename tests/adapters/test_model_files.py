@@ -140,18 +140,19 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
                                 dict(max_tokens=20, temperature=0.8, seed=3)]):
         _, responses = generate(pipeline, PROMPT, num_draft_tokens=3, **fields)
         finished.append(responses[-1])
-    _, cancelled = generate(pipeline, PROMPT, max_tokens=30, stream=True,
+    _, cancelled = generate(pipeline, PROMPT, max_tokens=30, stream=True, num_draft_tokens=4,
                             cancelled=lambda sender: len(sender.sent) >= 2)
+    _, auto = generate(pipeline, PROMPT, max_tokens=16)         # k chosen per round
     generate(pipeline, PROMPT, top_p=2.0)
 
     def value(name, **labels):
         (m,) = fake_pb.metrics(name, model="speculative_decoding", **labels)
         return m.value()
 
-    assert value("specdec_requests_total", finish_reason="length") == 3
+    assert value("specdec_requests_total", finish_reason="length") == 4
     assert value("specdec_requests_total", finish_reason="cancelled") == 1
     assert value("specdec_requests_total", finish_reason="error") == 1
-    every = finished + [cancelled[-1]]
+    every = finished + [cancelled[-1], auto[-1]]
     assert value("specdec_draft_tokens_total") == sum(stat(r, names.TOTAL_DRAFT_TOKENS) for r in every)
     assert value("specdec_accepted_tokens_total") == \
         sum(stat(r, names.TOTAL_ACCEPTED_DRAFT_TOKENS) for r in every)
@@ -161,6 +162,17 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     assert value("specdec_rounds_total") >= drafted_at[0] >= drafted_at[3] > 0   # k = 3 and 4
     assert drafted_at[4:] == [0, 0, 0, 0]
     assert value("specdec_active_sequences") == 0
+    # Every round that allowed drafts recorded its chosen k: the 3 + 4 fixed ones among them.
+    (chosen,) = fake_pb.metrics("specdec_chosen_draft_tokens", model="speculative_decoding")
+    assert chosen.observations.count(4) >= 1 and chosen.observations.count(3) >= 3
+    assert sum(chosen.observations) == value("specdec_draft_tokens_total")
+    assert all(m.value() == 0 for m in fake_pb.metrics("specdec_draft_failures_total"))
+    # The live estimates reach their gauges (sent with the counters).
+    (a1,) = fake_pb.metrics("specdec_acceptance_estimate", model="speculative_decoding",
+                            position="1")
+    (verify,) = fake_pb.metrics("specdec_round_cost_seconds", model="speculative_decoding",
+                                part="verify_call")
+    assert 0 < a1.value() < 1 and verify.value() > 0
     for model in ("draft_model", "target_model"):
         (used,) = fake_pb.metrics("specdec_kv_slots_used", model=model)
         (total,) = fake_pb.metrics("specdec_kv_slots_total", model=model)

@@ -28,7 +28,7 @@ def test_defaults():
     req, stream = parse_request(inputs(), SETTINGS, EOS, VOCAB)
     assert req.prompt == [5, 6, 7] and all(type(t) is int for t in req.prompt)
     assert req.max_tokens == SETTINGS.default_max_tokens == 7
-    assert req.num_draft_tokens == SETTINGS.default_num_draft_tokens == 3
+    assert req.num_draft_tokens == SETTINGS.default_num_draft_tokens == 3 and not req.auto
     assert req.sampling.temperature == 0.0 and req.sampling.greedy
     assert req.sampling.top_k == 0 and req.sampling.top_p == 1.0
     assert 0 <= req.sampling.seed < 2**64
@@ -62,7 +62,24 @@ def test_every_field():
 @pytest.mark.parametrize("k", [0, 5])
 def test_num_draft_tokens_bounds_accepted(k):
     req, _ = parse_request(inputs(num_draft_tokens=np.array([k], np.int32)), SETTINGS, EOS, VOCAB)
-    assert req.num_draft_tokens == k
+    assert req.num_draft_tokens == k and not req.auto
+
+
+def test_auto_draft_length_is_capped_by_max_draft_tokens():
+    """-1, or absent where the server's default is auto, leaves k to the policy."""
+    explicit = parse_request(inputs(num_draft_tokens=np.array([-1], np.int32)), SETTINGS, EOS,
+                             VOCAB)[0]
+    default = parse_request(inputs(), OrchestratorSettings(max_draft_tokens=6), EOS, VOCAB)[0]
+    assert explicit.auto and explicit.num_draft_tokens == 5
+    assert default.auto and default.num_draft_tokens == 6
+
+
+def test_only_seeded_sampling_is_reproducible():
+    def parse(**f):
+        return parse_request(inputs(**f), SETTINGS, EOS, VOCAB)[0].reproducible
+    assert parse(temperature=np.array([0.8], np.float32), seed=np.array([3], np.uint64))
+    assert not parse(temperature=np.array([0.8], np.float32))
+    assert not parse(seed=np.array([3], np.uint64))   # greedy output never depends on k
 
 
 def test_prompt_just_fits_the_context_window():
@@ -106,7 +123,7 @@ BAD = [
     (dict(top_p=np.array([1.01], np.float32)), names.TOP_P),
     (dict(top_p=np.array([np.nan], np.float32)), names.TOP_P),
     (dict(top_k=np.array([-1], np.int32)), names.TOP_K),
-    (dict(num_draft_tokens=np.array([-1], np.int32)), names.NUM_DRAFT_TOKENS),
+    (dict(num_draft_tokens=np.array([-2], np.int32)), names.NUM_DRAFT_TOKENS),
     (dict(num_draft_tokens=np.array([6], np.int32)), names.NUM_DRAFT_TOKENS),
     (dict(max_tokens=np.array([4, 5], np.int32)), names.MAX_TOKENS),
     (dict(temperature=np.array([[0.5, 0.5]], np.float32)), names.TEMPERATURE),

@@ -70,7 +70,9 @@ def test_engine_bad_number_names_the_parameter_or_variable(monkeypatch):
 
 @pytest.mark.parametrize("values,message", [
     (dict(default_num_draft_tokens="9", max_draft_tokens="8"), "default_num_draft_tokens"),
-    (dict(default_num_draft_tokens="-1"), "default_num_draft_tokens"),
+    (dict(default_num_draft_tokens="-2"), "default_num_draft_tokens"),
+    (dict(spec_full_below="8"), "spec_full_below"),
+    (dict(draft_timeout_s="0"), "draft_timeout_s"),
     (dict(default_max_tokens="0"), "default_max_tokens"),
     (dict(default_max_tokens="65", max_tokens_limit="64"), "default_max_tokens"),
 ])

@@ -6,6 +6,7 @@ import torch
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import Chunk, Request, speculate
+from specdec.policy import Planner
 from specdec.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint, make_draft
 
@@ -24,13 +25,23 @@ def engines(pair, dtype=torch.float64, max_sequences=32, max_len=128):
             Engine(load_model(draft, dtype, cpu), max_sequences, max_len, cpu))
 
 
-def generate(target: Engine, draft: Engine, requests: list[Request]) -> list[tuple[list[int], object]]:
-    """Run requests concurrently (batched like Triton would); returns (tokens, stats) each."""
-    drafter, verifier = LocalDrafter(draft), LocalVerifier(target)
+def generate(target: Engine, draft: Engine, requests: list[Request], planner: Planner | None = None,
+             drafter=None, **options) -> list[tuple[list[int], object]]:
+    """Run requests concurrently (batched like Triton would); returns (tokens, stats) each.
+
+    planner: chooses k per round for requests with `auto` (else each request's exact k).
+    options: more keyword arguments of `speculate` (on_round, draft_timeout_s)."""
+    drafter, verifier = drafter or LocalDrafter(draft), LocalVerifier(target)
 
     async def one(i, req):
         chunks: list[Chunk] = []
-        stats = await speculate(1000 + i, req, drafter, verifier, target.max_len, chunks.append)
+        policy = planner.open(req.num_draft_tokens, req.auto, req.reproducible) if planner else None
+        try:
+            stats = await speculate(1000 + i, req, drafter, verifier, target.max_len,
+                                    chunks.append, policy=policy, **options)
+        finally:
+            if planner:
+                planner.close(policy)
         return [t for c in chunks for t in c.tokens], stats, chunks
 
     async def run():

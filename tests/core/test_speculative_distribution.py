@@ -12,12 +12,24 @@ import transformers
 from scipy.stats import chisquare
 
 from specdec.loop import Request
+from specdec.policy import Planner, PriorCosts
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 from tests.tiny_checkpoints import make_checkpoint, make_draft
 
 V, LENGTH, N = 5, 3, 4000
 PROMPT = [1, 3, 0, 2]
+
+
+class AcceptanceOnly(Planner):
+    """The policy with its costs fixed (a cheap draft), so which k it chooses depends on the
+    acceptance it has seen, never on how long this machine's rounds took."""
+
+    def __init__(self, max_k):
+        super().__init__(max_k, prior=PriorCosts(draft_call=0.0002, draft_token=0.0001))
+
+    def costs_now(self):
+        return self.frozen_costs
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +80,27 @@ def chi_square_p(counts: dict, dist: dict) -> float:
     return chisquare(obs, exp).pvalue
 
 
-@pytest.mark.parametrize("k,params", [
-    (3, SamplingParams(temperature=1.0)),
-    (1, SamplingParams(temperature=1.0)),
-    (4, SamplingParams(temperature=0.8, top_k=4, top_p=0.9)),
+@pytest.mark.parametrize("k,params,auto", [
+    (3, SamplingParams(temperature=1.0), False),
+    (1, SamplingParams(temperature=1.0), False),
+    (4, SamplingParams(temperature=0.8, top_k=4, top_p=0.9), False),
+    # k chosen per round from what earlier rounds of all sequences accepted.
+    (2, SamplingParams(temperature=1.0), True),
 ])
-def test_speculative_samples_follow_target(small_pair, k, params):
+def test_speculative_samples_follow_target(small_pair, k, params, auto):
     target, draft = engines(small_pair, max_sequences=N, max_len=16)
     # Speculation from the first token on: with 3 tokens, a prefill-alone round would leave
     # little for K to act on.
     reqs = [Request(PROMPT, LENGTH, k, SamplingParams(params.temperature, params.top_k,
                                                       params.top_p, seed=1_000_003 * i + 7),
-                    prefill_alone=False)
+                    auto=auto, prefill_alone=False)
             for i in range(N)]
-    results = generate(target, draft, reqs)
+    rounds = []
+    results = generate(target, draft, reqs, planner=AcceptanceOnly(k) if auto else None,
+                       on_round=rounds.append)
+    if auto:  # the policy chose 0, 1 and 2 drafts, each often enough to matter
+        chosen = [r.k for r in rounds]
+        assert all(chosen.count(j) > N // 20 for j in range(3)), {j: chosen.count(j) for j in range(3)}
     counts: dict[tuple, int] = {}
     for tokens, _, _ in results:
         counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1

@@ -44,6 +44,34 @@ def test_greedy_equals_target_alone(pair_dir, hf_greedy, k):
     assert target.pool.active == 0 and draft.pool.active == 0
 
 
+def test_greedy_with_k_chosen_per_round_equals_target_alone(pair_dir, hf_greedy):
+    from specdec.policy import Planner
+    target, draft = engines(pair_dir)
+    planner, rounds = Planner(8), []
+    results = generate(target, draft, [Request(p, MAX_TOKENS, 8, auto=True) for p in prompts()],
+                       planner=planner, on_round=rounds.append)
+    assert [r[0] for r in results] == hf_greedy
+    assert len({r.k for r in rounds if r.limit}) >= 3     # the schedule did vary
+    assert planner.active == 0
+
+
+def test_seeded_sampling_with_auto_k_depends_on_its_seed_alone(pair_dir):
+    """A seeded sampling request's k schedule comes from its own rounds only (frozen policy):
+    the same output alone on a fresh server and among other requests on a seasoned one."""
+    from specdec.policy import Planner
+    target, draft = engines(pair_dir)
+    seeded = [Request(p, 20, 8, SamplingParams(temperature=0.8, seed=40 + i), auto=True,
+                      reproducible=True) for i, p in enumerate(prompts(3))]
+    alone = [generate(target, draft, [r], planner=Planner(8))[0][0] for r in seeded]
+    seasoned = Planner(8)
+    others = [Request(p, 24, 8, auto=True) for p in prompts(12)[3:]]
+    generate(target, draft, others, planner=seasoned)          # the server has a history
+    rounds = []
+    mixed = generate(target, draft, others[:4] + seeded, planner=seasoned, on_round=rounds.append)
+    assert [r[0] for r in mixed[4:]] == alone
+    assert len({r.k for r in rounds if r.limit}) >= 2
+
+
 def test_rows_batched_equal_rows_alone_when_sampling(pair_dir):
     reqs = [Request(p, 16, 4, SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=i))
             for i, p in enumerate(prompts(8))]
@@ -76,12 +104,18 @@ def test_context_window_ends_generation(pair_dir):
     assert target.pool.active == 0
 
 
-def test_load_policy_lowers_k_then_turns_speculation_off():
-    from specdec.loop import LoadPolicy
-    policy = LoadPolicy(full_below=4, off_at=12)
-    ks = [policy.limit(8, active) for active in range(16)]
-    assert ks[:4] == [8] * 4 and ks[12:] == [0] * 4
-    assert all(a >= b for a, b in zip(ks, ks[1:])) and 0 < ks[6] < 8
+class Scripted:
+    """A policy that plays a fixed schedule of k, whatever the request allows."""
+
+    def __init__(self, ks):
+        self.ks = iter(ks)
+
+    def choose(self, limit):
+        from specdec.policy import Choice
+        return Choice(min(next(self.ks), limit), "")
+
+    def observe(self, r):
+        pass
 
 
 def test_k_changing_between_rounds_stays_exact(pair_dir, hf_greedy):
@@ -90,11 +124,11 @@ def test_k_changing_between_rounds_stays_exact(pair_dir, hf_greedy):
     from specdec.local import LocalDrafter, LocalVerifier
     import asyncio
     target, draft = engines(pair_dir)
-    schedule = iter([4, 0, 0, 3, 8, 0, 1] * 10)
+    schedule = [4, 0, 0, 3, 8, 0, 1] * 10
     out = []
     asyncio.run(speculate(7, Request(prompts()[0], MAX_TOKENS, 8), LocalDrafter(draft),
                           LocalVerifier(target), target.max_len,
-                          lambda c: out.extend(c.tokens), allowed_k=lambda k: next(schedule)))
+                          lambda c: out.extend(c.tokens), policy=Scripted(schedule)))
     assert out == hf_greedy[0]
 
 

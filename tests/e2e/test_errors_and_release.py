@@ -18,7 +18,7 @@ BAD = [
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -3}, "top_k"),
-    ({"num_draft_tokens": -1}, "num_draft_tokens"),
+    ({"num_draft_tokens": -2}, "num_draft_tokens"),
     ({"num_draft_tokens": 99}, "num_draft_tokens"),
     ({"text_input": "x " * 3000}, "context window"),
 ]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.prompts import BUILTIN_PROMPTS, Mix, load_prompts, parse_int_list
+from loadtest.prompts import BUILTIN_PROMPTS, Mix, load_prompts, parse_int_list, parse_k_list
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
@@ -118,6 +118,10 @@ def test_prompts_and_request_mix(tmp_path):
     assert parse_int_list("4, 0", "K") == [4, 0]
     with pytest.raises(ValueError):
         parse_int_list("4,-1", "K")
+    assert parse_k_list("auto, 4,0", "K") == [None, 4, 0]
+    for bad in ("", "4,-1", "automatic"):
+        with pytest.raises(ValueError):
+            parse_k_list(bad, "K")
 
     mix = Mix(["p"], [4, 0, 2], max_tokens=8, sampled_ratio=0.25, rng=random.Random(1))
     plans = [mix.next() for _ in range(600)]

@@ -1,0 +1,198 @@
+"""specdec.policy: k per round from acceptance and cost, probes, the draft's health, frozen mode.
+
+Rounds are simulated: acceptance is drawn with a known per-token probability and each round is
+priced by a known cost model, so the policy's throughput can be compared with the best fixed k.
+"""
+import random
+
+import pytest
+
+from specdec.loop import Round
+from specdec.policy import (Choice, LinearFit, Planner, PriorCosts, best_k, Costs,
+                            expected_tokens)
+
+DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005
+
+
+def cost(k: int) -> tuple[float, float]:
+    return (DRAFT_CALL + DRAFT_TOKEN * k if k else 0.0), VERIFY_CALL + VERIFY_TOKEN * k
+
+
+def play(policy, accept, rounds: int, rng: random.Random, limit: int = 8):
+    """Run rounds; accept(i) is the per-token acceptance at round i. Returns (ks, tokens/s)."""
+    ks, tokens, seconds = [], 0, 0.0
+    for i in range(rounds):
+        c = policy.choose(limit)
+        m = 0
+        while m < c.k and rng.random() < accept(i):
+            m += 1
+        d, v = cost(c.k)
+        policy.observe(Round(c.k, m, d, v, OTHER, False, 1 if c.k else 0, None, limit, c.reason))
+        ks.append(c.k)
+        tokens += m + 1
+        seconds += d + v + OTHER
+    return ks, tokens / seconds
+
+
+def fixed_rate(a: float, k: int) -> float:
+    d, v = cost(k)
+    return expected_tokens([a] * k)[-1] / (d + v + OTHER)
+
+
+def test_expected_tokens_is_leviathans_formula_for_equal_acceptance():
+    for a in (0.1, 0.5, 0.9):
+        for k in range(6):
+            assert expected_tokens([a] * k)[k] == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+    assert expected_tokens([1.0, 0.5, 0.0]) == [1.0, 2.0, 2.5, 2.5]
+
+
+def test_linear_fit_recovers_a_line_and_keeps_the_prior_shape_without_spread():
+    fit = LinearFit(prior=(1.0, 1.0))
+    rng = random.Random(0)
+    for _ in range(400):
+        x = rng.randint(0, 8)
+        fit.add(x, 0.004 + 0.0007 * x + rng.gauss(0, 1e-5))
+    a, b = fit.coef
+    assert a == pytest.approx(0.004, rel=0.05) and b == pytest.approx(0.0007, rel=0.05)
+    one_x = LinearFit(prior=(2.0, 1.0))        # only x = 4 seen: the prior's 2:1 shape, scaled
+    for _ in range(50):
+        one_x.add(4, 0.012)
+    assert one_x(4) == pytest.approx(0.012) and one_x.coef[0] == pytest.approx(2 * one_x.coef[1])
+
+
+def test_best_k_follows_acceptance_and_cost():
+    costs = Costs.prior(PriorCosts(DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER))
+    assert best_k([0.02] * 8, costs) == 0
+    assert best_k([0.95] * 8, costs) == 8
+    expensive = Costs.prior(PriorCosts(0.001, 0.02, 0.005, 0.0003, 0.0))
+    assert best_k([0.95] * 8, expensive) == 0          # a draft step costs 4 verifications
+    assert 0 < best_k([0.9, 0.9, 0.1, 0.1, 0.1], costs) <= 2   # acceptance falls at position 3
+
+
+def test_a_poor_draft_is_turned_off_and_probed_ever_more_rarely():
+    planner = Planner(8)
+    rng = random.Random(1)
+    ks, rate = play(planner.open(8, auto=True), lambda i: 0.02, 400, rng)
+    assert rate >= 0.95 * fixed_rate(0.02, 0)
+    assert sum(k > 0 for k in ks) <= 20
+    probes = [i for i, k in enumerate(ks) if k]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[-1] > gaps[0] and max(gaps) <= 64 + 1
+    # A new sequence starts from what the server has seen: off from its first round.
+    ks2, _ = play(planner.open(8, auto=True), lambda i: 0.02, 3, rng)
+    assert ks2 == [0, 0, 0]
+
+
+def test_a_good_draft_runs_near_the_best_fixed_k():
+    planner = Planner(8)
+    best = max(fixed_rate(0.85, k) for k in range(9))
+    _, rate = play(planner.open(8, auto=True), lambda i: 0.85, 600, random.Random(2))
+    assert rate >= 0.95 * best
+
+
+def test_probes_give_speculation_back_when_the_text_becomes_predictable():
+    planner = Planner(8)
+    ks, _ = play(planner.open(8, auto=True), lambda i: 0.0 if i < 150 else 0.95, 300,
+                 random.Random(3))
+    assert sum(ks[100:150]) <= 5
+    assert sum(k >= 4 for k in ks[250:]) >= 45
+
+
+def test_the_measured_costs_replace_the_prior():
+    planner = Planner(8, prior=PriorCosts(0.1, 0.1, 0.001, 0.0, 0.0))  # prior: draft hopeless
+    policy = planner.open(8, auto=False)
+    play(policy, lambda i: 0.9, 50, random.Random(4), limit=4)      # fixed k = 4 measures
+    e = planner.estimates()
+    assert e.costs["verify_call"] == pytest.approx(VERIFY_CALL + 4 * VERIFY_TOKEN, rel=0.2)
+    assert e.costs["draft_call"] + 4 * e.costs["draft_token"] == pytest.approx(
+        DRAFT_CALL + 4 * DRAFT_TOKEN, rel=0.01)
+    assert planner.open(8, auto=True).choose(8).k > 0
+
+
+def test_load_levels_have_their_own_costs():
+    planner = Planner(8)
+    for active in (1, 16):
+        planner.active = active
+        verify = VERIFY_CALL * (1 if active == 1 else 8)
+        for k in (0, 2, 4, 8, 4, 2):
+            planner.observe(Round(k, k // 2, cost(k)[0], verify + VERIFY_TOKEN * k, OTHER, False,
+                                  1), planner.open(8, auto=False))
+            planner.active -= 1
+    planner.active = 1
+    one = planner.estimates().costs["verify_call"]
+    planner.active = 16
+    assert planner.estimates().costs["verify_call"] == pytest.approx(8 * one, rel=0.1)
+
+
+def test_operator_load_cap_limits_auto_only():
+    planner = Planner(8, load_cap=(2, 4))
+    auto, fixed = planner.open(8, auto=True), planner.open(6, auto=False)
+    planner.active = 5
+    assert auto.choose(8) == Choice(0, "load_cap") and fixed.choose(8) == Choice(6, "")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def failed(policy, reason="error"):
+    policy.observe(Round(0, 0, 0.01, 0.005, None, False, 1, reason, 4, ""))
+
+
+def passed(policy, k):
+    policy.observe(Round(k, 1, 0.002, 0.005, None, False, 1, None, 4, ""))
+
+
+def test_a_failing_draft_is_off_for_everyone_then_probed_by_one_sequence():
+    clock = Clock()
+    planner = Planner(8, down_s=0.5, clock=clock)
+    a, b, c = (planner.open(4, auto=False) for _ in range(3))
+    assert a.choose(4).k == 4
+    failed(a)
+    failed(b)                               # in flight when the draft went down: no extra wait
+    assert a.choose(4) == b.choose(4) == Choice(0, "draft_down")
+    clock.t += 0.6
+    assert b.choose(4).k == 4               # b probes
+    assert a.choose(4) == c.choose(4) == Choice(0, "draft_down")
+    failed(b)                               # the probe failed: down again, for twice as long
+    clock.t += 0.6
+    assert a.choose(4).k == 0
+    clock.t += 0.5
+    assert a.choose(4).k == 4
+    passed(a, 4)                            # back: everyone drafts
+    assert b.choose(4).k == 4 and c.choose(4).k == 4
+
+
+def test_a_probe_that_never_returns_frees_the_probe():
+    clock = Clock()
+    planner = Planner(8, down_s=0.5, clock=clock)
+    a, b = planner.open(4, auto=False), planner.open(4, auto=False)
+    failed(a)
+    clock.t += 1
+    assert a.choose(4).k == 4 and b.choose(4).k == 0
+    planner.close(a)                         # a ended (cancelled) before its round finished
+    assert b.choose(4).k == 4
+
+
+def test_frozen_choices_depend_only_on_the_sequences_own_rounds():
+    """A seeded sampling request's k must not depend on load, timing or other requests."""
+    seasoned = Planner(8)
+    play(seasoned.open(8, auto=True), lambda i: 0.1, 300, random.Random(5))
+    seasoned.active = 12
+    fresh = Planner(8)
+    outcomes = random.Random(6)
+    script = [outcomes.randint(0, 8) for _ in range(200)]
+    choices = []
+    for planner in (seasoned, fresh):
+        policy, ks = planner.open(8, auto=True, frozen=True), []
+        for m in script:
+            k = policy.choose(8).k
+            policy.observe(Round(k, min(m, k), 1.0, 7.0, 3.0, False, 1, None, 8, ""))
+            ks.append(k)
+        choices.append(ks)
+    assert choices[0] == choices[1]
+    assert len(set(choices[0])) > 2          # and it does adapt
