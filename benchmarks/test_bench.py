@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import bench  # noqa: E402
 import draft_schedules  # noqa: E402
+import figures  # noqa: E402
 import make_random_pair  # noqa: E402
 
 
@@ -16,23 +17,23 @@ def test_percentile_matches_numpy_linear():
     np = pytest.importorskip("numpy")
     v = [5.0, 1.0, 3.0, 2.0, 10.0, 7.0]
     for q in (0, 50, 90, 99, 100):
-        assert math.isclose(bench.percentile(v, q), float(np.percentile(v, q)))
-    assert bench.percentile([], 50) is None
+        assert math.isclose(figures.percentile(v, q), float(np.percentile(v, q)))
+    assert figures.percentile([], 50) is None
 
 
 def test_theoretical_speedup():
     # a = 0.8, K = 4, c = 0.05 (Leviathan et al.: about 2.8x)
-    s = bench.theoretical_speedup(0.8, 0.05, 4)
+    s = figures.theoretical_speedup(0.8, 0.05, 4)
     assert math.isclose(s, (1 - 0.8 ** 5) / (0.2 * 1.2))
-    assert bench.theoretical_speedup(1.0, 0.0, 4) == 5.0
-    assert bench.theoretical_speedup(0.0, 0.0, 4) == 1.0
-    assert bench.theoretical_speedup(0.5, 0.3, 0) == 1.0
+    assert figures.theoretical_speedup(1.0, 0.0, 4) == 5.0
+    assert figures.theoretical_speedup(0.0, 0.0, 4) == 1.0
+    assert figures.theoretical_speedup(0.5, 0.3, 0) == 1.0
 
 
 def test_itl_splits_each_gap_over_its_tokens():
-    r = bench.Req(0, 6, 1.0, 0.1, [0.1, 0.4, 0.5], [1, 3, 2])
+    r = figures.Req(0, 6, 1.0, 0.1, [0.1, 0.4, 0.5], [1, 3, 2])
     assert r.itl() == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05])
-    s = bench.latency_summary([r])
+    s = figures.latency_summary([r])
     assert s["output_tokens"] == 6 and s["tokens_per_s"] == 6.0 and s["ttft_p50_s"] == 0.1
 
 
