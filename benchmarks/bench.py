@@ -41,12 +41,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from figures import Req, latency_summary, theoretical_speedup
+from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
 from progress import T_START, log
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TARGET = ROOT / "models" / "default" / "target"
-DEFAULT_DRAFT = ROOT / "models" / "default" / "draft"
-DEFAULT_PROMPTS = ROOT / "models" / "default" / "heldout_prompts.jsonl"
 ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
 DRAFT, TARGET = "draft_model", "target_model"
 TRITON_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -585,19 +582,6 @@ def kv_pool_bytes(target: Path, draft: Path, max_sequences: int, max_seq_len: in
     return out
 
 
-def load_prompts(path: Path, n: int, strict: bool = True) -> list[str]:
-    prompts = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        prompts.append(json.loads(line)["prompt"] if path.suffix == ".jsonl" else line)
-        if len(prompts) == n:
-            break
-    if len(prompts) < n and strict:
-        raise SystemExit(f"{path}: {len(prompts)} prompts, --prompts asks for {n}")
-    return prompts
-
-
 # ---------------------------------------------------------------------------------------------
 # Markdown
 
@@ -697,8 +681,7 @@ def tables(report: dict) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
-    ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    add_pair_arguments(ap)
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS,
                     help="JSON lines with a 'prompt' field, or a text file, one prompt per line")
     ap.add_argument("--prompts", type=int,

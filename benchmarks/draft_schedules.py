@@ -18,13 +18,13 @@ after a round that accepted everything, K -= d otherwise (transformers' "heurist
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
+
 sys.path.insert(0, str(ROOT))
 
 from specdec.engine import Engine, ProposeCall, VerifyCall  # noqa: E402
@@ -80,10 +80,8 @@ def replay(paths, n: int, choose_k, after_round):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--target", type=Path, default=ROOT / "models/default/target")
-    ap.add_argument("--draft", type=Path, default=ROOT / "models/default/draft")
-    ap.add_argument("--prompts-file", type=Path,
-                    default=ROOT / "models/default/heldout_prompts.jsonl")
+    add_pair_arguments(ap)
+    ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--max-k", type=int, default=16)
@@ -93,8 +91,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(args.target))
-    lines = args.prompts_file.read_text().splitlines()[: args.prompts]
-    prompts = [tok(json.loads(x)["prompt"])["input_ids"] for x in lines]
+    prompts = [tok(p)["input_ids"]
+               for p in load_prompts(args.prompts_file, args.prompts, strict=False)]
     cpu = torch.device("cpu")
     max_len = max(map(len, prompts)) + args.tokens + 2 * args.max_k + 2
     target = Engine.load(str(args.target), 1, max_len, torch.float32, cpu)

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from inputs import DEFAULT_TARGET
+
 
 LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192)
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply layers, heads and MLP width by this (0 < s <= 1)")
     ap.add_argument("--vocab-size", type=int, help="override the presets' 128256")
-    ap.add_argument("--tokenizer-from", type=Path, default=ROOT / "models" / "default" / "target")
+    ap.add_argument("--tokenizer-from", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--shard-gb", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
+
 sys.path.insert(0, str(ROOT))
 
 from specdec.config import ModelArgs  # noqa: E402
@@ -28,9 +28,8 @@ from specdec.loop import Request, speculate  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--target", type=Path, default=ROOT / "models/default/target")
-    ap.add_argument("--draft", type=Path, default=ROOT / "models/default/draft")
-    ap.add_argument("--prompts-file", type=Path, default=ROOT / "models/default/heldout_prompts.jsonl")
+    add_pair_arguments(ap)
+    ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=6)
@@ -42,8 +41,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(args.target))
-    lines = args.prompts_file.read_text().splitlines()[: args.prompts]
-    prompts = [tok(json.loads(x)["prompt"])["input_ids"] for x in lines]
+    prompts = [tok(p)["input_ids"]
+               for p in load_prompts(args.prompts_file, args.prompts, strict=False)]
     margs = ModelArgs.from_dir(args.target)
     dev = torch.device("cpu")
     tgt = Engine.load(str(args.target), 1, 1024, torch.float32, dev, margs.vocab_size)

@@ -16,11 +16,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from inputs import ROOT, add_pair_arguments
+
 sys.path.insert(0, str(ROOT))
 
 from specdec.engine import Engine, ProposeCall, VerifyCall  # noqa: E402
@@ -29,8 +29,7 @@ from specdec.sampling import SamplingParams  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--target", type=Path, default=ROOT / "models/default/target")
-    ap.add_argument("--draft", type=Path, default=ROOT / "models/default/draft")
+    add_pair_arguments(ap)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--calls", type=int, default=200, help="calls per pause and round")
     ap.add_argument("--rounds", type=int, default=3, help="passes over the pauses")

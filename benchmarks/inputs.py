@@ -1,0 +1,32 @@
+"""What the benchmarks run on by default: the embedded model pair and its held-out prompts."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TARGET = ROOT / "models" / "default" / "target"
+DEFAULT_DRAFT = ROOT / "models" / "default" / "draft"
+DEFAULT_PROMPTS = ROOT / "models" / "default" / "heldout_prompts.jsonl"
+
+
+def add_pair_arguments(ap: argparse.ArgumentParser) -> None:
+    """--target and --draft: checkpoint directories, the embedded pair by default."""
+    ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
+    ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+
+
+def load_prompts(path: Path, n: int, strict: bool = True) -> list[str]:
+    """The first n prompts: JSON lines with a 'prompt' field, or a text file, one per line.
+    strict: fail when the file holds fewer than n."""
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        prompts.append(json.loads(line)["prompt"] if path.suffix == ".jsonl" else line)
+        if len(prompts) == n:
+            break
+    if len(prompts) < n and strict:
+        raise SystemExit(f"{path}: {len(prompts)} prompts, --prompts asks for {n}")
+    return prompts
