@@ -28,194 +28,17 @@ import os
 import platform
 import queue
 import shlex
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
 from figures import Req, latency_summary, theoretical_speedup
 from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
 from progress import T_START, log
-
-ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
-DRAFT, TARGET = "draft_model", "target_model"
-TRITON_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-
-
-# ---------------------------------------------------------------------------------------------
-# The server: start, metrics, memory, stop
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _proc_tree(pid: int) -> list[int]:
-    """pid and all its descendants (via /proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _status_kb(pid: int, key: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-class Server:
-    """A tritonserver of our own (its own process group, ports and backend directory)."""
-
-    def __init__(self, target: Path, draft: Path, max_sequences: int, max_seq_len: int,
-                 startup_timeout_s: float, workdir: Path, extra_env: dict[str, str]):
-        self.http, self.grpc, self.metrics_port = _free_port(), _free_port(), _free_port()
-        self.log_path = workdir / "tritonserver.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
-        env.update(SPECDEC_TARGET_MODEL=str(target), SPECDEC_DRAFT_MODEL=str(draft),
-                   SPECDEC_MAX_SEQUENCES=str(max_sequences), SPECDEC_MAX_SEQ_LEN=str(max_seq_len))
-        env.update(extra_env)
-        self.env = {k: v for k, v in env.items() if k.startswith("SPECDEC_")}
-        cmd = [sys.executable, "-m", "specdec.serving.launch", f"--http-port={self.http}",
-               f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics_port}",
-               f"--backend-directory={workdir / 'backends'}", "--exit-timeout-secs=10"]
-        log(f"starting tritonserver (HTTP {self.http}, gRPC {self.grpc}, metrics "
-            f"{self.metrics_port}), log {self.log_path}")
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self.peak_rss_kb = 0
-        self._stop_sampling = threading.Event()
-        self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
-        self._sampler.start()
-        t0 = time.monotonic()
-        while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() - t0 > startup_timeout_s:
-                tail = self.log_path.read_text(errors="replace")[-4000:]
-                self.stop()
-                raise SystemExit(f"tritonserver did not become ready:\n{tail}")
-            time.sleep(1)
-        self.startup_s = time.monotonic() - t0
-        log(f"tritonserver ready after {self.startup_s:.1f} s")
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc}"
-
-    def _ready(self) -> bool:
-        try:
-            url = f"http://127.0.0.1:{self.http}/v2/health/ready"
-            return urllib.request.urlopen(url, timeout=2).status == 200
-        except OSError:
-            return False
-
-    def _sample_rss(self) -> None:
-        while not self._stop_sampling.is_set():
-            rss = sum(_status_kb(p, "VmRSS") for p in _proc_tree(self.proc.pid))
-            self.peak_rss_kb = max(self.peak_rss_kb, rss)
-            self._stop_sampling.wait(0.5)
-
-    def memory(self) -> dict:
-        """Peak RSS of the process tree: sampled sum (every 0.5 s), and the sum of each
-        process's own high-water mark (an upper bound: the peaks need not coincide)."""
-        tree = _proc_tree(self.proc.pid)
-        return {"peak_rss_bytes": self.peak_rss_kb * 1024,
-                "sum_of_process_peak_rss_bytes": sum(_status_kb(p, "VmHWM") for p in tree) * 1024,
-                "processes": len(tree)}
-
-    def metrics(self) -> dict[str, float]:
-        """Every specdec_* sample of the orchestrator, summed over its other labels."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if not line.startswith("specdec_") or f'model="{ORCHESTRATOR}"' not in line:
-                continue
-            name = line.split("{", 1)[0]
-            if name.endswith("_bucket"):
-                continue
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        return out
-
-    def model_stats(self) -> dict[str, dict[str, float]]:
-        """Triton's own statistics of draft_model and target_model: request count and summed
-        nanoseconds of queue, compute_input, compute_infer, compute_output."""
-        out = {}
-        for model in (DRAFT, TARGET):
-            url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
-            st = json.loads(urllib.request.urlopen(url, timeout=10).read())
-            inf = st["model_stats"][0]["inference_stats"]
-            out[model] = {"count": float(inf["success"]["count"]),
-                          **{key: float(inf[key]["ns"]) for key in TRITON_PHASES}}
-        return out
-
-    def stop(self) -> None:
-        self._stop_sampling.set()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def metric_delta(before: dict, after: dict) -> dict:
-    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-
-
-def triton_split(before: dict, after: dict, timed: dict[str, tuple[float, float]]) -> dict:
-    """Where the orchestrator's wait for one BLS call goes, per timed call: queue (Triton's
-    dynamic batcher), compute (Triton's compute_input + compute_infer + compute_output: the
-    stub's execute plus moving request and response between server and stub) and the rest (the
-    orchestrator's own request and response handling, the core's routing). timed: model ->
-    (seconds summed, calls) as the orchestrator's histograms saw them. Triton's sums also hold
-    each request's release call (one per model per request, untimed by the orchestrator), so
-    queue and compute are slightly overstated and the rest understated."""
-    out = {}
-    for model, b in before.items():
-        a = after[model]
-        total_s, calls = timed.get(model, (0.0, 0.0))
-        if not calls:
-            continue
-        per = {key: (a[key] - b[key]) / calls / 1e9 for key in TRITON_PHASES}
-        compute = per["compute_input"] + per["compute_infer"] + per["compute_output"]
-        call = total_s / calls
-        out[model] = {"calls": int(calls), "triton_requests": int(a["count"] - b["count"]),
-                      "call_s": call, "queue_s": per["queue"], "compute_s": compute,
-                      "rest_s": call - per["queue"] - compute}
-    return out
-
-
-def settle_metrics(server: Server, before: dict, output_tokens: int) -> dict:
-    """Metric deltas once the server has counted every output token the client received."""
-    deadline = time.monotonic() + 10
-    while True:
-        d = metric_delta(before, server.metrics())
-        if d.get("specdec_output_tokens_total", 0) >= output_tokens or time.monotonic() > deadline:
-            return d
-        time.sleep(0.2)
+from server import DRAFT, TARGET, Server, default_max_seq_len, exit_on_sigterm, settle_metrics, triton_split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,19 +544,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # A plain `kill` stops our tritonserver too (the `finally` below runs on SystemExit).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     import torch
 
-    from specdec.config import ModelArgs
     from specdec.serving.settings import EngineSettings
 
     started = datetime.datetime.now(datetime.timezone.utc)
     engine = EngineSettings()                 # the server's auto device and dtype
     device, dtype = engine.torch_device(), engine.torch_dtype()
-    targs, dargs = ModelArgs.from_dir(args.target), ModelArgs.from_dir(args.draft)
-    max_seq_len = args.max_seq_len or min(1024, targs.max_position_embeddings,
-                                          dargs.max_position_embeddings)
+    max_seq_len = args.max_seq_len or default_max_seq_len(args.target, args.draft)
     max_sequences = max(args.concurrency)
     prompts = list(enumerate(load_prompts(args.prompts_file, args.prompts,
                                           strict=args.prompts_explicit)))
@@ -797,9 +616,8 @@ def main(argv=None) -> int:
     if report["load_at_start"]["other_tritonserver_processes"]:
         log(f"note: {report['load_at_start']['other_tritonserver_processes']} other tritonserver "
             f"process(es) running on this machine; figures may be disturbed")
-    workdir = Path(tempfile.mkdtemp(prefix="specdec-bench-"))
-    server = Server(args.target, args.draft, max_sequences, max_seq_len, args.startup_timeout,
-                    workdir, args.server_env)
+    server = Server(args.target, args.draft, max_sequences, max_seq_len, args.server_env,
+                    args.startup_timeout)
     report["server"] = {"startup_s": server.startup_s, "env": server.env,
                         "log": str(server.log_path)}
     single: list[dict] = []
@@ -908,8 +726,6 @@ def main(argv=None) -> int:
         report["load_at_end"] = load_snapshot(server.proc.pid)
     finally:
         server.stop()
-        shutil.rmtree(workdir / "backends", ignore_errors=True)   # the log stays
-        log("tritonserver stopped")
 
     report["single_stream"] = single
     report["concurrency"] = conc

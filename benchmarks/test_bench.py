@@ -7,10 +7,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import bench  # noqa: E402
 import draft_schedules  # noqa: E402
 import figures  # noqa: E402
 import make_random_pair  # noqa: E402
+import server  # noqa: E402
 
 
 def test_percentile_matches_numpy_linear():
@@ -51,18 +51,18 @@ def test_presets_and_scale():
 
 
 def test_triton_split_puts_the_rest_of_the_call_outside_queue_and_compute():
-    before = {bench.TARGET: {"count": 10, "queue": 0, "compute_input": 0, "compute_infer": 0,
+    before = {server.TARGET: {"count": 10, "queue": 0, "compute_input": 0, "compute_infer": 0,
                              "compute_output": 0}}
-    after = {bench.TARGET: {"count": 14, "queue": 4e6, "compute_input": 1e6,
+    after = {server.TARGET: {"count": 14, "queue": 4e6, "compute_input": 1e6,
                             "compute_infer": 20e6, "compute_output": 1e6}}
     # 4 timed calls of 8 ms each: 1 ms queue + 5.5 ms compute + 1.5 ms elsewhere
-    (v,) = bench.triton_split(before, after, {bench.TARGET: (0.032, 4)}).values()
+    (v,) = server.triton_split(before, after, {server.TARGET: (0.032, 4)}).values()
     assert v["calls"] == 4 and v["triton_requests"] == 4
     assert v["call_s"] == pytest.approx(0.008)
     assert v["queue_s"] == pytest.approx(0.001)
     assert v["compute_s"] == pytest.approx(0.0055)
     assert v["rest_s"] == pytest.approx(0.0015)
-    assert bench.triton_split(before, after, {bench.TARGET: (0.0, 0)}) == {}
+    assert server.triton_split(before, after, {server.TARGET: (0.0, 0)}) == {}
 
 
 def test_draft_schedules_replay_rounds_exactly():
