@@ -26,148 +26,18 @@ import datetime
 import json
 import os
 import platform
-import queue
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from clients import run_requests, server_request
 from figures import Req, latency_summary, theoretical_speedup
 from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
 from progress import T_START, log
 from server import DRAFT, TARGET, Server, default_max_seq_len, exit_on_sigterm, settle_metrics, triton_split
-
-
-# ---------------------------------------------------------------------------------------------
-# Server requests (gRPC streaming)
-
-
-class GrpcClient:
-    """One channel; one bidirectional stream per request, as a streaming client keeps its
-    connection. Inputs take the rank the ensemble's metadata declares ([1] for max_batch_size 0,
-    [1, 1] when batched) instead of assuming one; times are taken in the response callback."""
-
-    def __init__(self, url: str):
-        from tritonclient.grpc import InferenceServerClient
-        self.client = InferenceServerClient(url)
-        meta = self.client.get_model_metadata("ensemble")
-        self.ranks = {i.name: len(i.shape) for i in meta.inputs}
-
-    def _inputs(self, prompt: str, k: int, max_tokens: int) -> list:
-        import numpy as np
-        from tritonclient.grpc import InferInput
-        values = (("text_input", "BYTES", np.array([prompt.encode()], object)),
-                  ("stream", "BOOL", np.array([True])),
-                  ("max_tokens", "INT32", np.array([max_tokens], np.int32)),
-                  ("temperature", "FP32", np.array([0.0], np.float32)),
-                  ("num_draft_tokens", "INT32", np.array([k], np.int32)))
-        out = []
-        for name, dtype, arr in values:
-            arr = arr.reshape((1,) * self.ranks.get(name, 1))
-            t = InferInput(name, list(arr.shape), dtype)
-            t.set_data_from_numpy(arr)
-            out.append(t)
-        return out
-
-    def request(self, prompt: str, index: int, k: int, max_tokens: int,
-                timeout_s: float = 300.0) -> Req:
-        import uuid
-        q: queue.Queue = queue.Queue()
-        inputs = self._inputs(prompt, k, max_tokens)
-        self.client.start_stream(
-            callback=lambda result, error: q.put((time.perf_counter(), result, error)))
-        try:
-            t0 = time.perf_counter()
-            self.client.async_stream_infer("ensemble", inputs, request_id=uuid.uuid4().hex,
-                                           enable_empty_final_response=True)
-            times, counts, pieces, seen, finish = [], [], [], 0, None
-            while True:
-                t, result, error = q.get(timeout=timeout_s)
-                if error is not None:
-                    raise RuntimeError(f"server error: {error}")
-                text = result.as_numpy("text_output")
-                n = result.as_numpy("num_output_tokens")
-                reason = result.as_numpy("finish_reason")
-                piece = b"".join(text.reshape(-1)).decode("utf-8", "replace") if (
-                    text is not None and text.size) else ""
-                # A chunk is a response that carries new tokens (its text may be held back
-                # a little by the streaming detokenizer; token arrival is what is timed).
-                if n is not None and n.size and int(n.reshape(-1)[0]) > seen:
-                    times.append(t - t0)
-                    counts.append(int(n.reshape(-1)[0]) - seen)
-                    seen = int(n.reshape(-1)[0])
-                if piece:
-                    pieces.append(piece)
-                if reason is not None and reason.size and reason.reshape(-1)[0]:
-                    finish = reason.reshape(-1)[0].decode()
-                params = result.get_response().parameters
-                if "triton_final_response" in params and params["triton_final_response"].bool_param:
-                    break
-            total = time.perf_counter() - t0
-        finally:
-            self.client.stop_stream()
-        return Req(index, seen, total, times[0] if times else None, times, counts,
-                   "".join(pieces), finish)
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def server_request(url: str, prompt: str, index: int, k: int, max_tokens: int) -> Req:
-    c = GrpcClient(url)
-    try:
-        return c.request(prompt, index, k, max_tokens)
-    finally:
-        c.close()
-
-
-def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: int,
-                 concurrency: int, label: str, progress: bool = True) -> tuple[list[Req], float]:
-    """Send prompts through `concurrency` streams; returns (requests, wall seconds)."""
-    todo: queue.Queue = queue.Queue()
-    for p in prompts:
-        todo.put(p)
-    done: list[Req] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def worker(client):
-        try:
-            work(client)
-        finally:
-            client.close()
-
-    def work(client):
-        while not errors:
-            try:
-                i, prompt = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                r = client.request(prompt, i, k, max_tokens)
-            except BaseException as e:  # reported below, after the other streams stop
-                errors.append(e)
-                return
-            with lock:
-                done.append(r)
-                if progress and (concurrency == 1 or len(done) % concurrency == 0
-                                 or len(done) == len(prompts)):
-                    log(f"{label}: {len(done)}/{len(prompts)} requests")
-
-    clients = [GrpcClient(url) for _ in range(concurrency)]
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"{label}: request failed: {errors[0]!r}") from errors[0]
-    return sorted(done, key=lambda r: r.prompt_index), wall
 
 
 # ---------------------------------------------------------------------------------------------
