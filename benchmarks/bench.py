@@ -34,161 +34,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from clients import run_requests, server_request
-from figures import Req, latency_summary, theoretical_speedup
+from engine_runs import engine_runs
+from figures import latency_summary, theoretical_speedup
+from hf_runs import hf_rows, load_tokenizer
 from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
 from progress import T_START, log
 from server import DRAFT, TARGET, Server, default_max_seq_len, exit_on_sigterm, settle_metrics, triton_split
-
-
-# ---------------------------------------------------------------------------------------------
-# transformers in process
-
-
-class TimingStreamer:
-    """A transformers streamer that only timestamps: the first put is the prompt."""
-
-    def __init__(self, sync):
-        self.sync = sync
-        self.t0 = 0.0
-        self.times: list[float] = []
-        self.counts: list[int] = []
-        self._prompt_seen = False
-
-    def start(self):
-        self.t0, self.times, self.counts, self._prompt_seen = time.perf_counter(), [], [], False
-
-    def put(self, value):
-        if not self._prompt_seen:
-            self._prompt_seen = True
-            return
-        self.sync()
-        self.times.append(time.perf_counter() - self.t0)
-        self.counts.append(int(value.numel()))
-
-    def end(self):
-        pass
-
-
-def hf_run(label: str, model, tokenizer, prompts: list[tuple[int, str]], lengths: dict[int, int],
-           device, assistant, warmup: int, sync) -> tuple[list[Req], list[list[int]]]:
-    import torch
-    streamer = TimingStreamer(sync)
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        eos = model.generation_config.eos_token_id
-
-    def one(i: int, prompt: str, n: int) -> tuple[Req, list[int]]:
-        enc = tokenizer(prompt, return_tensors="pt")
-        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-        kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, temperature=None,
-                  top_p=None, top_k=None, pad_token_id=eos, eos_token_id=eos, streamer=streamer)
-        if assistant is not None:
-            kw["assistant_model"] = assistant
-        sync()
-        streamer.start()
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, **kw)
-        sync()
-        total = time.perf_counter() - streamer.t0
-        new = out[0, ids.shape[1]:].tolist()
-        return (Req(i, len(new), total, streamer.times[0] if streamer.times else None,
-                    list(streamer.times), list(streamer.counts)), new)
-
-    for j in range(warmup):
-        i, p = prompts[j % len(prompts)]
-        one(i, p, lengths[i])
-    reqs, outs = [], []
-    for i, p in prompts:
-        r, new = one(i, p, lengths[i])
-        reqs.append(r)
-        outs.append(new)
-        log(f"{label}: {len(reqs)}/{len(prompts)} prompts, {r.tokens / r.total_s:.1f} tok/s")
-    return reqs, outs
-
-
-def engine_runs(target: Path, draft: Path, tokenizer, prompts: list[tuple[int, str]],
-                ks: list[int], max_tokens: int, max_seq_len: int, dtype, device,
-                warmup: int) -> list[dict]:
-    """The project's own engine and loop in this process, without Triton: what the model
-    computation costs per round, so that the Triton figures can be split into compute and
-    transport (BLS calls, stub processes, pre/postprocessing, gRPC)."""
-    import asyncio
-
-    from specdec.config import ModelArgs
-    from specdec.engine import Engine
-    from specdec.local import LocalDrafter, LocalVerifier
-    from specdec.loop import Request, speculate
-
-    args = ModelArgs.from_dir(target)
-    vocab = args.vocab_size
-    tgt = Engine.load(str(target), 1, max_seq_len, dtype, device, vocab_size=vocab)
-    drf = Engine.load(str(draft), 1, max_seq_len, dtype, device, vocab_size=vocab)
-    ids = {i: tokenizer(p)["input_ids"] for i, p in prompts}
-    seq = iter(range(1, 1 << 62))
-
-    def one(i: int, k: int) -> tuple[Req, object]:
-        times, counts = [], []
-        req = Request(ids[i], max_tokens, k, eos=args.eos_token_ids)
-
-        def emit(chunk):
-            if chunk.tokens:
-                times.append(time.perf_counter() - t0)
-                counts.append(len(chunk.tokens))
-
-        t0 = time.perf_counter()
-        stats = asyncio.run(speculate(next(seq), req, LocalDrafter(drf), LocalVerifier(tgt),
-                                      max_seq_len, emit))
-        total = time.perf_counter() - t0
-        return Req(i, stats.num_output_tokens, total, times[0] if times else None, times,
-                   counts), stats
-
-    rows = []
-    for k in ks:
-        label = f"engine in-process K={k}" if k else "engine in-process target-only"
-        for j in range(warmup):
-            one(prompts[j % len(prompts)][0], k)
-        reqs, draft_s, verify_s, rounds, drafted, accepted = [], 0.0, 0.0, 0, 0, 0
-        for i, _ in prompts:
-            r, st = one(i, k)
-            reqs.append(r)
-            draft_s += st.draft_s
-            verify_s += st.verify_s
-            rounds += st.rounds
-            drafted += st.total_draft_tokens
-            accepted += st.total_accepted_draft_tokens
-        wall = sum(r.total_s for r in reqs)
-        row = {"setting": label, "k": k, "backend": "specdec engine", **latency_summary(reqs),
-               "acceptance_rate": accepted / drafted if drafted else None,
-               "tokens_per_round": (accepted + rounds) / rounds,
-               "draft_per_token_s": draft_s / drafted if drafted else None,
-               "round": {"rounds": rounds, "drafted_per_round": drafted / rounds,
-                         "wall_s": wall / rounds, "draft_s": draft_s / rounds,
-                         "verify_s": verify_s / rounds,
-                         "overhead_s": (wall - draft_s - verify_s) / rounds},
-               "per_request": [asdict(r) for r in reqs]}
-        rows.append(row)
-        log(f"{label}: {row['tokens_per_s']:.1f} tok/s")
-    base = rows[0]
-    t0_verify = base["round"]["verify_s"]
-    for row in rows:
-        k = row["k"]
-        row["speedup_vs_own_target_only"] = row["tokens_per_s"] / base["tokens_per_s"]
-        if k and row["draft_per_token_s"] is not None:
-            c = row["draft_per_token_s"] / t0_verify
-            row["c"] = c
-            row["theoretical_speedup"] = theoretical_speedup(row["acceptance_rate"], c, k)
-            row["efficiency"] = row["speedup_vs_own_target_only"] / row["theoretical_speedup"]
-            row["speedup_model_measured_tokens"] = row["tokens_per_round"] / (c * k + 1.0)
-    return rows
-
-
-def hf_load(path: Path, dtype, device):
-    from transformers import AutoModelForCausalLM
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    except TypeError:  # transformers < 4.56 spells it torch_dtype
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
-    return model.to(device).eval()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,8 +266,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
-    import torch
-
     from specdec.serving.settings import EngineSettings
 
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -602,11 +451,7 @@ def main(argv=None) -> int:
     report["memory"]["kv_pool_bytes"] = kv_pool_bytes(args.target, args.draft, max_sequences,
                                                       max_seq_len, dtype)
 
-    import transformers
-    from transformers import AutoTokenizer
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    tok = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+    tok = load_tokenizer(args.target)
     report["engine"] = []
     if not args.no_engine:
         report["engine"] = engine_runs(args.target, args.draft, tok, prompts,
@@ -614,32 +459,8 @@ def main(argv=None) -> int:
                                        args.max_tokens, max_seq_len, dtype, device, args.warmup)
 
     if not args.no_hf:
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        target = hf_load(args.target, dtype, device)
-        draft = hf_load(args.draft, dtype, device)
-        base = single[0]["tokens_per_s"]
-        for label, assistant in (("transformers generate", None),
-                                 ("transformers assisted", draft)):
-            reqs, outs = hf_run(label, target, tok, prompts, lengths, device, assistant,
-                                args.warmup, sync)
-            row = {"setting": label, "k": None, "backend": "transformers", **latency_summary(reqs)}
-            row["speedup"] = row["tokens_per_s"] / base
-            row["same_text_as_server_k0"] = sum(
-                tok.decode(o, skip_special_tokens=True) == k0_texts[r.prompt_index]
-                for r, o in zip(reqs, outs))
-            if assistant is not None:
-                # What assisted generation used: the draft's generation_config, else the
-                # defaults transformers applies (20 tokens, constant schedule, 0.4 threshold).
-                g = assistant.generation_config
-                row["assistant_settings"] = {
-                    "num_assistant_tokens": getattr(g, "num_assistant_tokens", None) or 20,
-                    "num_assistant_tokens_schedule":
-                        getattr(g, "num_assistant_tokens_schedule", None) or "constant",
-                    "assistant_confidence_threshold":
-                        getattr(g, "assistant_confidence_threshold", None) or 0.4}
-            row["per_request"] = [asdict(r) for r in reqs]
-            single.append(row)
-            log(f"{label}: {row['tokens_per_s']:.1f} tok/s")
+        single += hf_rows(args.target, args.draft, tok, prompts, lengths, k0_texts,
+                          single[0]["tokens_per_s"], dtype, device, args.warmup)
 
     report["load_at_finish"] = load_snapshot()
     report["duration_s"] = time.monotonic() - T_START

@@ -26,6 +26,15 @@ def theoretical_speedup(a: float, c: float, k: int) -> float:
     return tokens / (c * k + 1.0)
 
 
+def speedup_model(speedup: float, a: float, c: float, k: int, tokens_per_round: float) -> dict:
+    """A measured speedup against the cost model: S(a, c, K), efficiency = speedup / S, and the
+    same cost model with the measured tokens per round instead of the i.i.d. acceptance formula
+    (acceptance is not i.i.d. across positions in practice)."""
+    s = theoretical_speedup(a, c, k)
+    return {"theoretical_speedup": s, "efficiency": speedup / s,
+            "speedup_model_measured_tokens": tokens_per_round / (c * k + 1.0)}
+
+
 @dataclass
 class Req:
     """One request's client-side timings."""
