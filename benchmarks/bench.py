@@ -25,9 +25,7 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -38,92 +36,10 @@ from engine_runs import engine_runs
 from figures import latency_summary, theoretical_speedup
 from hf_runs import hf_rows, load_tokenizer
 from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
+from machine import git_state, load_snapshot, machine, versions
+from model_sizes import kv_pool_bytes, param_count
 from progress import T_START, log
 from server import DRAFT, TARGET, Server, default_max_seq_len, exit_on_sigterm, settle_metrics, triton_split
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment facts
-
-
-def machine() -> dict:
-    import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cpu_count": os.cpu_count(),
-            "cpu_affinity": (len(os.sched_getaffinity(0))
-                             if hasattr(os, "sched_getaffinity") else None),
-            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "python": platform.python_version()}
-    try:
-        info["memory_bytes"] = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        pass
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpu_count"] = torch.cuda.device_count()
-    return info
-
-
-def git_state() -> dict:
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"),
-            "modified_tracked_files": status.splitlines() if status else []}
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-    out = {}
-    for pkg in ("torch", "transformers", "tokenizers", "nvidia-pytriton", "tritonclient"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def other_tritonservers(own: int | None = None) -> int:
-    """tritonserver processes on this machine that are not ours (they share the CPU/GPU)."""
-    n = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == own:
-            continue
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                n += f.read().strip() == "tritonserver"
-        except OSError:
-            pass
-    return n
-
-
-def load_snapshot(own: int | None = None) -> dict:
-    return {"loadavg_1_5_15": list(os.getloadavg()),
-            "other_tritonserver_processes": other_tritonservers(own)}
-
-
-def kv_pool_bytes(target: Path, draft: Path, max_sequences: int, max_seq_len: int, dtype) -> dict:
-    from specdec.config import ModelArgs
-    from specdec.kv_cache import KVCache
-    out = {}
-    for role, path in (("target", target), ("draft", draft)):
-        a = ModelArgs.from_dir(path)
-        out[role] = KVCache.bytes_needed(a.num_layers, max_sequences, max_seq_len,
-                                         a.num_kv_heads, a.head_dim, dtype)
-    out["total"] = out["target"] + out["draft"]
-    out.update(max_sequences=max_sequences, max_seq_len=max_seq_len, dtype=str(dtype))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,16 +236,7 @@ def main(argv=None) -> int:
         },
     }
     for role, path in (("target", args.target), ("draft", args.draft)):
-        try:
-            from safetensors import safe_open
-            total = 0
-            for f in sorted(Path(path).glob("*.safetensors")):
-                with safe_open(str(f), "pt") as st:
-                    for name in st.keys():
-                        total += _numel(st.get_slice(name).get_shape())
-            report["config"][f"{role}_params"] = total
-        except Exception:  # informational only
-            pass
+        report["config"][f"{role}_params"] = param_count(path)
 
     report["load_at_start"] = load_snapshot()
     if report["load_at_start"]["other_tritonserver_processes"]:
@@ -476,13 +383,6 @@ def main(argv=None) -> int:
     print(md)
     log(f"wrote {args.out} ({report['duration_s'] / 60:.1f} min)")
     return 0
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 if __name__ == "__main__":
