@@ -39,103 +39,8 @@ from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
 from machine import git_state, load_snapshot, machine, versions
 from model_sizes import kv_pool_bytes, param_count
 from progress import T_START, log
+from report import METHOD, markdown
 from server import DRAFT, TARGET, Server, default_max_seq_len, exit_on_sigterm, settle_metrics, triton_split
-
-
-# ---------------------------------------------------------------------------------------------
-# Markdown
-
-
-def ms(x) -> str:
-    return "-" if x is None else f"{x * 1000:.1f}"
-
-
-def num(x, fmt="{:.2f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
-def tables(report: dict) -> str:
-    rows = report["single_stream"]
-    lines = ["### Single stream", "",
-             "| setting | K | tok/s | speedup | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
-             "| ITL p99 ms "
-             "| a | tokens/round | c | S (theory) | efficiency | S (measured tokens/round) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['setting']} | {'-' if r['k'] is None else r['k']} "
-            f"| {num(r['tokens_per_s'], '{:.1f}')} "
-            f"| {num(r['speedup'])} | {ms(r['ttft_p50_s'])} | {ms(r['ttft_p99_s'])} "
-            f"| {ms(r['itl_p50_s'])} | {ms(r['itl_p99_s'])} | {num(r.get('acceptance_rate'))} "
-            f"| {num(r.get('tokens_per_round'))} | {num(r.get('c'), '{:.3f}')} "
-            f"| {num(r.get('theoretical_speedup'))} | {num(r.get('efficiency'))} "
-            f"| {num(r.get('speedup_model_measured_tokens'))} |")
-    lines += ["", "### Time per round (server, single stream)", "",
-              "| setting | rounds | drafted/round | wall/round ms | draft ms | verify ms | "
-              "overhead ms | draft % | verify % | overhead % | verify / verify(K=0) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        s = r.get("round")
-        if not s:
-            continue
-        w = s["wall_s"]
-        lines.append(
-            f"| {r['setting']} | {s['rounds']} | {s['drafted_per_round']:.2f} | {ms(w)} "
-            f"| {ms(s['draft_s'])} | {ms(s['verify_s'])} "
-            f"| {ms(s['overhead_s'])} | {100 * s['draft_s'] / w:.0f} "
-            f"| {100 * s['verify_s'] / w:.0f} "
-            f"| {100 * s['overhead_s'] / w:.0f} | {num(s.get('verify_vs_k0'))} |")
-    split_rows = [(r, m, v) for r in rows for m, v in r.get("bls_split", {}).items()]
-    if split_rows:
-        lines += ["", "### One BLS call, as the orchestrator and Triton time it (single stream)",
-                  "", "| setting | model | calls | call ms | queue ms | compute ms | rest ms |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for r, model, v in split_rows:
-            lines.append(f"| {r['setting']} | {model} | {v['calls']} | {ms(v['call_s'])} "
-                         f"| {ms(v['queue_s'])} | {ms(v['compute_s'])} | {ms(v['rest_s'])} |")
-    if report.get("concurrency"):
-        lines += ["", "### Concurrency (server)", "",
-                  "| setting | streams | requests | aggregate tok/s | per-stream tok/s "
-                  "| TTFT p50 ms "
-                  "| ITL p50 ms | a | drafted/round |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in report["concurrency"]:
-            lines.append(
-                f"| {r['setting']} | {r['concurrency']} | {r['requests']} "
-                f"| {num(r['aggregate_tokens_per_s'], '{:.1f}')} "
-                f"| {num(r['tokens_per_s'], '{:.1f}')} "
-                f"| {ms(r['ttft_p50_s'])} | {ms(r['itl_p50_s'])} | {num(r.get('acceptance_rate'))} "
-                f"| {num(r.get('mean_k_drafted'))} |")
-    if report.get("engine"):
-        lines += ["", "### The same engine and loop in process, without Triton", "",
-                  "| setting | tok/s | TTFT p50 ms | ITL p50 ms | a | tokens/round | c "
-                  "| S (theory) | speedup vs its target-only | efficiency | drafted/round "
-                  "| wall/round ms | draft ms | verify ms | loop ms |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in report["engine"]:
-            s = r["round"]
-            lines.append(
-                f"| {r['setting']} | {num(r['tokens_per_s'], '{:.1f}')} | {ms(r['ttft_p50_s'])} "
-                f"| {ms(r['itl_p50_s'])} | {num(r.get('acceptance_rate'))} "
-                f"| {num(r['tokens_per_round'])} | {num(r.get('c'), '{:.3f}')} "
-                f"| {num(r.get('theoretical_speedup'))} | {num(r['speedup_vs_own_target_only'])} "
-                f"| {num(r.get('efficiency'))} | {s['drafted_per_round']:.2f} | {ms(s['wall_s'])} "
-                f"| {ms(s['draft_s'])} | {ms(s['verify_s'])} | {ms(s['overhead_s'])} |")
-    m = report["memory"]
-    kv = m["kv_pool_bytes"]
-    lines += ["", "### Memory", "",
-              f"- KV slot pool: target {kv['target'] / 2**20:.1f} MiB + draft "
-              f"{kv['draft'] / 2**20:.1f} MiB = {kv['total'] / 2**20:.1f} MiB "
-              f"({kv['max_sequences']} slots (+1 scratch) x {kv['max_seq_len']} tokens, "
-              f"{kv['dtype']})",
-              f"- tritonserver process tree peak RSS: "
-              f"{m['server']['peak_rss_bytes'] / 2**20:.0f} MiB "
-              f"sampled every 0.5 s ({m['server']['processes']} processes; sum of per-process "
-              f"peaks {m['server']['sum_of_process_peak_rss_bytes'] / 2**20:.0f} MiB)"]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -207,36 +112,10 @@ def main(argv=None) -> int:
                    "concurrency": args.concurrency, "warmup": args.warmup,
                    "device": str(device), "dtype": str(dtype), "max_sequences": max_sequences,
                    "max_seq_len": max_seq_len,
-                   "target_params": None, "draft_params": None},
-        "method": {
-            "server_timing": "client-side, gRPC streaming on tritonclient (one channel per "
-                             "stream, one bidirectional stream per request), perf_counter from "
-                             "before the request is sent to each response's callback",
-            "tokens_per_s": "sum of output tokens / sum of request wall times (single stream)",
-            "ttft": "request sent -> first response carrying output tokens",
-            "itl": "per token: each gap between responses carrying tokens, divided by the "
-                   "tokens the later one carried (a round's tokens arrive together)",
-            "hf_ttft": "from a timing streamer (first put after the prompt), same call as tok/s",
-            "hf_lengths": "each prompt gets max_new_tokens = min_new_tokens = the token count the "
-                          "server produced for it at K=0, so every setting emits the same tokens",
-            "acceptance": "server metric deltas over the measured requests: a = accepted/drafted, "
-                          "tokens/round = (accepted + rounds)/rounds",
-            "c": "(draft_latency _sum / drafted tokens) / (verify_latency _sum/_count at K=0)",
-            "theoretical_speedup": "S = (1 - a^(K+1)) / ((1 - a)(cK + 1))",
-            "efficiency": "measured speedup over Triton target-only (tok/s ratio) / S",
-            "round_split": "wall/round = client request time / rounds; draft and verify from the "
-                           "latency histograms' _sum / rounds (each is one BLS call as the "
-                           "orchestrator times it, transport included); overhead = wall - draft - "
-                           "verify (orchestration, pre/postprocessing, ensemble, gRPC)",
-            "engine": "specdec.engine + specdec.loop in this process (specdec.local drafter and "
-                      "verifier, no Triton), same prompts, K=0 and the best K: the compute "
-                      "share of the Triton calls; loop ms = wall - draft - verify",
-            "hf_assisted": "transformers assisted generation with its own defaults for the "
-                           "number of draft tokens (see assistant_settings)",
-        },
+                   "target_params": param_count(args.target),
+                   "draft_params": param_count(args.draft)},
+        "method": METHOD,
     }
-    for role, path in (("target", args.target), ("draft", args.draft)):
-        report["config"][f"{role}_params"] = param_count(path)
 
     report["load_at_start"] = load_snapshot()
     if report["load_at_start"]["other_tritonserver_processes"]:
@@ -371,16 +250,10 @@ def main(argv=None) -> int:
 
     report["load_at_finish"] = load_snapshot()
     report["duration_s"] = time.monotonic() - T_START
-    md = tables(report)
+    text = markdown(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    m = report["machine"]
-    print(f"## specdec benchmark, {report['date']}\n\n`{report['command']}`\n\n"
-          f"Machine: {m.get('gpu') or m['cpu']} ({m['cpu_count']} CPUs), torch "
-          f"{report['versions']['torch']}, transformers {report['versions']['transformers']}; "
-          f"{device} {dtype}; {len(prompts)} prompts x {args.max_tokens} tokens, temperature 0; "
-          f"best K = {report.get('best_k')}; run took {report['duration_s'] / 60:.1f} min.\n")
-    print(md)
+    print(text, end="")
     log(f"wrote {args.out} ({report['duration_s'] / 60:.1f} min)")
     return 0
 

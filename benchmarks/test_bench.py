@@ -1,4 +1,5 @@
-"""The benchmarks' arithmetic, no server (part of `make test`)."""
+"""The benchmarks' arithmetic and markdown, no server (part of `make test`)."""
+import json
 import math
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import draft_schedules  # noqa: E402
 import figures  # noqa: E402
 import make_random_pair  # noqa: E402
+import report  # noqa: E402
 import server  # noqa: E402
 
 
@@ -87,3 +89,11 @@ def test_draft_schedules_replay_rounds_exactly():
         return next((j + 1 for j, c in enumerate(conf) if c < 0.5), 4)
     # Drafts 3 at position 0 (the third is unsure) and accepts all 3.
     assert draft_schedules.replay([rows], 8, by_confidence, no_update)[:2] == (8, 4)
+
+
+def test_markdown_is_what_the_stored_run_printed():
+    # bench.py prints the markdown made from the report it writes as JSON; the tables are what
+    # people compare runs by, so a change to them is deliberate: then name a run made after it.
+    run = Path(__file__).parent / "results" / "2026-11-22g-cpu-default"
+    printed = run.with_suffix(".md").read_text()
+    assert report.markdown(json.loads(run.with_suffix(".json").read_text())) == printed
