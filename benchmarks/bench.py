@@ -28,19 +28,17 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-from clients import run_requests, server_request
 from engine_runs import engine_runs
-from figures import latency_summary, theoretical_speedup
 from hf_runs import hf_rows, load_tokenizer
 from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
 from machine import git_state, load_snapshot, machine, versions
 from model_sizes import kv_pool_bytes, param_count
 from progress import T_START, log
 from report import METHOD, markdown
-from server import DRAFT, TARGET, Server, default_max_seq_len, exit_on_sigterm, settle_metrics, triton_split
+from server import Server, default_max_seq_len, exit_on_sigterm
+from triton_runs import best_k, concurrency, single_stream
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -121,117 +119,18 @@ def main(argv=None) -> int:
     if report["load_at_start"]["other_tritonserver_processes"]:
         log(f"note: {report['load_at_start']['other_tritonserver_processes']} other tritonserver "
             f"process(es) running on this machine; figures may be disturbed")
-    server = Server(args.target, args.draft, max_sequences, max_seq_len, args.server_env,
-                    args.startup_timeout)
-    report["server"] = {"startup_s": server.startup_s, "env": server.env,
-                        "log": str(server.log_path)}
-    single: list[dict] = []
-    conc: list[dict] = []
-    lengths: dict[int, int] = {}
-    k0_texts: dict[int, str] = {}
-    try:
-        url = server.grpc_url
-        k0_verify = None
-        for k in [0] + args.ks:
-            label = "triton target-only" if k == 0 else f"triton K={k}"
-            for j in range(args.warmup):
-                server_request(url, prompts[j % len(prompts)][1], -1, k, args.max_tokens)
-            before = server.metrics()
-            stats_before = server.model_stats()
-            reqs, _ = run_requests(url, prompts, k, args.max_tokens, 1, label)
-            d = settle_metrics(server, before, sum(r.tokens for r in reqs))
-            stats_after = server.model_stats()
-            row = {"setting": label, "k": k, "backend": "triton", **latency_summary(reqs)}
-            rounds = d.get("specdec_rounds_total", 0)
-            drafted = d.get("specdec_draft_tokens_total", 0)
-            accepted = d.get("specdec_accepted_tokens_total", 0)
-            draft_sum = d.get("specdec_draft_latency_seconds_sum", 0)
-            verify_sum = d.get("specdec_verify_latency_seconds_sum", 0)
-            verify_count = d.get("specdec_verify_latency_seconds_count", 0)
-            if k == 0:
-                k0_verify = verify_sum / verify_count
-                for r in reqs:
-                    lengths[r.prompt_index] = r.tokens
-                    k0_texts[r.prompt_index] = r.text
-            else:
-                row["acceptance_rate"] = accepted / drafted if drafted else None
-                row["c"] = (draft_sum / drafted) / k0_verify if drafted else None
-                row["same_text_as_k0"] = sum(r.text == k0_texts.get(r.prompt_index) for r in reqs)
-            row["tokens_per_round"] = (accepted + rounds) / rounds if rounds else None
-            row["output_tokens_metric"] = d.get("specdec_output_tokens_total")
-            row["finish_reasons"] = sorted({str(r.finish_reason) for r in reqs})
-            wall = sum(r.total_s for r in reqs)
-            row["round"] = {"rounds": int(rounds), "wall_s": wall / rounds,
-                            "drafted_per_round": drafted / rounds,
-                            "draft_s": draft_sum / rounds, "verify_s": verify_sum / rounds,
-                            "overhead_s": (wall - draft_sum - verify_sum) / rounds,
-                            "verify_call_s": verify_sum / verify_count,
-                            "draft_call_s": (
-                                draft_sum / d["specdec_draft_latency_seconds_count"]
-                                if d.get("specdec_draft_latency_seconds_count") else None),
-                            "verify_vs_k0": (verify_sum / verify_count) / k0_verify}
-            row["bls_split"] = triton_split(stats_before, stats_after, {
-                DRAFT: (draft_sum, d.get("specdec_draft_latency_seconds_count", 0)),
-                TARGET: (verify_sum, verify_count)})
-            row["metric_deltas"] = d
-            row["per_request"] = [{**asdict(r), "text": None} for r in reqs]
-            single.append(row)
-            log(f"{label}: {row['tokens_per_s']:.1f} tok/s"
-                + (f", a={row['acceptance_rate']:.3f}, c={row['c']:.3f}" if k else ""))
-        base = single[0]["tokens_per_s"]
-        for row in single:
-            k = row["k"]
-            row["speedup"] = row["tokens_per_s"] / base
-            if k and row["acceptance_rate"] is not None and row["c"] is not None:
-                a, c = row["acceptance_rate"], row["c"]
-                row["theoretical_speedup"] = theoretical_speedup(a, c, k)
-                row["efficiency"] = row["speedup"] / row["theoretical_speedup"]
-                # The same cost model with the measured tokens per round instead of the i.i.d.
-                # acceptance formula (acceptance is not i.i.d. across positions in practice).
-                row["speedup_model_measured_tokens"] = row["tokens_per_round"] / (c * k + 1.0)
-        spec = [r for r in single if r["k"]]
-        best = max(spec, key=lambda r: r["tokens_per_s"])["k"] if spec else None
-        report["best_k"] = best
-
-        # Concurrency: target-only and the best K. Streams = 1 reuses the single-stream run.
-        for k in [0] + ([best] if best else []):
-            label = "triton target-only" if k == 0 else f"triton K={k}"
-            for c in args.concurrency:
-                if c == 1:
-                    src = next(r for r in single if r["k"] == k)
-                    conc.append({"setting": label, "k": k, "concurrency": 1,
-                                 "requests": src["requests"], "output_tokens": src["output_tokens"],
-                                 "aggregate_tokens_per_s": src["tokens_per_s"],
-                                 **{x: src[x] for x in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s",
-                                                        "itl_p50_s", "itl_p99_s")},
-                                 "acceptance_rate": src.get("acceptance_rate"),
-                                 "mean_k_drafted": src["round"]["drafted_per_round"],
-                                 "note": "the single-stream run"})
-                    continue
-                n = max(len(prompts), c)
-                batch = [(i, prompts[i % len(prompts)][1]) for i in range(n)]
-                warm = [(i, prompts[i % len(prompts)][1]) for i in range(c)]
-                log(f"{label} x{c}: warm-up ({c} concurrent requests)")
-                run_requests(url, warm, k, args.max_tokens, c, f"{label} x{c} warm-up", False)
-                before = server.metrics()
-                reqs, wall = run_requests(url, batch, k, args.max_tokens, c, f"{label} x{c}")
-                d = settle_metrics(server, before, sum(r.tokens for r in reqs))
-                s = latency_summary(reqs)
-                drafted = d.get("specdec_draft_tokens_total", 0)
-                row = {"setting": label, "k": k, "concurrency": c, **s,
-                       "aggregate_tokens_per_s": s["output_tokens"] / wall, "wall_s": wall,
-                       "acceptance_rate": (d.get("specdec_accepted_tokens_total", 0) / drafted
-                                           if drafted else None),
-                       "rounds": d.get("specdec_rounds_total"),
-                       "mean_k_drafted": (drafted / d["specdec_rounds_total"]
-                                          if d.get("specdec_rounds_total") else None)}
-                conc.append(row)
-                log(f"{label} x{c}: {row['aggregate_tokens_per_s']:.1f} tok/s aggregate")
+    with Server(args.target, args.draft, max_sequences, max_seq_len, args.server_env,
+                args.startup_timeout) as server:
+        report["server"] = {"startup_s": server.startup_s, "env": server.env,
+                            "log": str(server.log_path)}
+        single, lengths, k0_texts = single_stream(server, prompts, args.ks, args.max_tokens,
+                                                  args.warmup)
+        report["best_k"] = best_k(single)
+        compared = [0] + ([report["best_k"]] if report["best_k"] else [])
+        # Target-only and the best K; one stream reuses the single-stream run.
+        conc = concurrency(server, prompts, compared, args.concurrency, args.max_tokens, single)
         report["memory"] = {"server": server.memory()}
         report["load_at_end"] = load_snapshot(server.proc.pid)
-    finally:
-        server.stop()
-
     report["single_stream"] = single
     report["concurrency"] = conc
     report["memory"]["kv_pool_bytes"] = kv_pool_bytes(args.target, args.draft, max_sequences,
@@ -240,8 +139,7 @@ def main(argv=None) -> int:
     tok = load_tokenizer(args.target)
     report["engine"] = []
     if not args.no_engine:
-        report["engine"] = engine_runs(args.target, args.draft, tok, prompts,
-                                       [0] + ([report["best_k"]] if report.get("best_k") else []),
+        report["engine"] = engine_runs(args.target, args.draft, tok, prompts, compared,
                                        args.max_tokens, max_seq_len, dtype, device, args.warmup)
 
     if not args.no_hf:
