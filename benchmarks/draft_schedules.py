@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
+from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, prompt_ids
 
 sys.path.insert(0, str(ROOT))
 
@@ -89,10 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-ms", type=float, default=0.9)
     ap.add_argument("--verify-ms", type=float, default=0.38)
     args = ap.parse_args(argv)
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(args.target))
-    prompts = [tok(p)["input_ids"]
-               for p in load_prompts(args.prompts_file, args.prompts, strict=False)]
+    prompts = prompt_ids(args.target, args.prompts_file, args.prompts)
     cpu = torch.device("cpu")
     max_len = max(map(len, prompts)) + args.tokens + 2 * args.max_k + 2
     target = Engine.load(str(args.target), 1, max_len, torch.float32, cpu)

@@ -30,3 +30,10 @@ def load_prompts(path: Path, n: int, strict: bool = True) -> list[str]:
     if len(prompts) < n and strict:
         raise SystemExit(f"{path}: {len(prompts)} prompts, --prompts asks for {n}")
     return prompts
+
+
+def prompt_ids(tokenizer_dir: Path, path: Path, n: int) -> list[list[int]]:
+    """The first n prompts (or all the file has), as the checkpoint's tokenizer encodes them."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return [tok(p)["input_ids"] for p in load_prompts(path, n, strict=False)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
+from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, prompt_ids
 
 sys.path.insert(0, str(ROOT))
 
@@ -39,10 +39,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(args.target))
-    prompts = [tok(p)["input_ids"]
-               for p in load_prompts(args.prompts_file, args.prompts, strict=False)]
+    prompts = prompt_ids(args.target, args.prompts_file, args.prompts)
     margs = ModelArgs.from_dir(args.target)
     dev = torch.device("cpu")
     tgt = Engine.load(str(args.target), 1, 1024, torch.float32, dev, margs.vocab_size)
