@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from engine_runs import engine_runs
-from hf_runs import hf_rows, load_tokenizer
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts
+from hf_runs import hf_rows
+from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts, load_tokenizer
 from machine import git_state, load_snapshot, machine, versions
 from model_sizes import kv_pool_bytes, param_count
 from progress import T_START, log

@@ -1,6 +1,6 @@
 """The project's own engine and loop in this process, without Triton (specdec.local drafter and
-verifier): what the model computation costs per round, to split the server's figures into
-compute and transport."""
+verifier): what the model computation costs per round, so that the server's figures can be
+split into compute and transport (BLS calls, stub processes, pre/postprocessing, gRPC)."""
 from __future__ import annotations
 
 import time
@@ -14,9 +14,9 @@ from progress import log
 def engine_runs(target: Path, draft: Path, tokenizer, prompts: list[tuple[int, str]],
                 ks: list[int], max_tokens: int, max_seq_len: int, dtype, device,
                 warmup: int) -> list[dict]:
-    """The project's own engine and loop in this process, without Triton: what the model
-    computation costs per round, so that the Triton figures can be split into compute and
-    transport (BLS calls, stub processes, pre/postprocessing, gRPC)."""
+    """One row per K (0 = target alone), each prompt one request at a time: tokens/s,
+    latencies, acceptance, the round split, and the speedup over its own target-only against
+    S(a, c, K)."""
     import asyncio
 
     from specdec.config import ModelArgs

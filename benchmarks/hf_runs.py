@@ -10,15 +10,6 @@ from figures import Req, latency_summary
 from progress import log
 
 
-def load_tokenizer(path: Path):
-    """The target's tokenizer, with transformers' warnings and progress bars off."""
-    import transformers
-    from transformers import AutoTokenizer
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
 def hf_load(path: Path, dtype, device):
     from transformers import AutoModelForCausalLM
     try:

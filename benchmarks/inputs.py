@@ -32,8 +32,16 @@ def load_prompts(path: Path, n: int, strict: bool = True) -> list[str]:
     return prompts
 
 
+def load_tokenizer(path: Path):
+    """A checkpoint's tokenizer, with transformers' warnings and progress bars off."""
+    import transformers
+    from transformers import AutoTokenizer
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 def prompt_ids(tokenizer_dir: Path, path: Path, n: int) -> list[list[int]]:
     """The first n prompts (or all the file has), as the checkpoint's tokenizer encodes them."""
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = load_tokenizer(tokenizer_dir)
     return [tok(p)["input_ids"] for p in load_prompts(path, n, strict=False)]
