@@ -8,11 +8,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import bench  # noqa: E402
 import draft_schedules  # noqa: E402
 import figures  # noqa: E402
 import make_random_pair  # noqa: E402
 import report  # noqa: E402
 import server  # noqa: E402
+import triton_runs  # noqa: E402
 
 
 def test_percentile_matches_numpy_linear():
@@ -97,3 +99,39 @@ def test_markdown_is_what_the_stored_run_printed():
     run = Path(__file__).parent / "results" / "2026-11-22g-cpu-default"
     printed = run.with_suffix(".md").read_text()
     assert report.markdown(json.loads(run.with_suffix(".json").read_text())) == printed
+
+
+def test_command_line_defaults_and_quick():
+    full = bench.parse_args([])
+    assert (full.prompts, full.max_tokens, full.ks, full.concurrency) == (64, 64, [1, 2, 4, 6, 8],
+                                                                          [1, 4, 16])
+    assert not full.prompts_explicit and full.server_env == {}
+    quick = bench.parse_args(["--quick", "--ks", "4,0,2", "--server-env", "SPECDEC_SPEC_OFF_AT=65"])
+    assert (quick.prompts, quick.max_tokens, quick.ks, quick.concurrency) == (4, 32, [2, 4], [1, 4])
+    assert quick.server_env == {"SPECDEC_SPEC_OFF_AT": "65"}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--server-env", "K=4"])
+
+
+def test_metric_deltas_to_acceptance_and_rounds():
+    # 10 rounds drafted 40 tokens and accepted 30: 4 tokens a round (3 accepted + the target's).
+    d = {"specdec_rounds_total": 10.0, "specdec_draft_tokens_total": 40.0,
+         "specdec_accepted_tokens_total": 30.0}
+    assert server.acceptance_rate(d) == 0.75
+    assert server.tokens_per_round(d) == 4.0
+    assert server.drafted_per_round(d) == 4.0
+    target_only = {"specdec_rounds_total": 8.0}
+    assert server.acceptance_rate(target_only) is None
+    assert server.tokens_per_round(target_only) == 1.0
+    assert server.drafted_per_round({}) is None
+    assert server.metric_delta({"a": 1.0}, {"a": 3.0, "b": 2.0}) == {"a": 2.0, "b": 2.0}
+
+
+def test_concurrency_row_aggregates_over_the_wall_time():
+    reqs = [figures.Req(i, 10, 1.0, 0.1, [0.1, 0.5], [5, 5]) for i in range(4)]
+    d = {"specdec_rounds_total": 20.0, "specdec_draft_tokens_total": 40.0,
+         "specdec_accepted_tokens_total": 20.0}
+    row = triton_runs.concurrency_row("triton K=2", 2, 4, reqs, 2.0, d)
+    assert row["tokens_per_s"] == 10.0                  # per stream: 40 tokens / 4 s busy
+    assert row["aggregate_tokens_per_s"] == 20.0        # 40 tokens / 2 s wall
+    assert (row["acceptance_rate"], row["mean_k_drafted"], row["rounds"]) == (0.5, 2.0, 20.0)
