@@ -1,7 +1,7 @@
 """A tritonserver of the benchmark's own: start it (any SPECDEC_* settings), read its metrics,
 Triton's per-model statistics and its memory, stop it.
 
-    with Server(env={"SPECDEC_SPEC_OFF_AT": "65"}) as server:
+    with Server(env={"SPECDEC_SPEC_FULL_BELOW": "64", "SPECDEC_SPEC_OFF_AT": "65"}) as server:
         before = server.metrics()
         ...  # requests to server.grpc_url (clients.run_requests)
         d = settle_metrics(server, before, output_tokens)
