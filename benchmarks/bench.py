@@ -119,8 +119,8 @@ def main(argv=None) -> int:
     if report["load_at_start"]["other_tritonserver_processes"]:
         log(f"note: {report['load_at_start']['other_tritonserver_processes']} other tritonserver "
             f"process(es) running on this machine; figures may be disturbed")
-    with Server(args.target, args.draft, max_sequences, max_seq_len, args.server_env,
-                args.startup_timeout) as server:
+    with Server(args.target, args.draft, max_sequences, max_seq_len, env=args.server_env,
+                startup_timeout_s=args.startup_timeout) as server:
         report["server"] = {"startup_s": server.startup_s, "env": server.env,
                             "log": str(server.log_path)}
         single, lengths, k0_texts = single_stream(server, prompts, args.ks, args.max_tokens,
