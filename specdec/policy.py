@@ -17,7 +17,8 @@ predictable. A draft that fails (error, timeout, unavailable) is off for the who
 backoff period; one probe at a time then tests it.
 
 Policies by request:
-- `Fixed`: num_draft_tokens = k, exactly k (0: target only) while the draft is up.
+- `Fixed`: num_draft_tokens = k, exactly k (0: target only) while the draft is up and no
+  operator load cap lowers it.
 - `Adaptive`: num_draft_tokens absent (auto, capped by max_draft_tokens), the estimates above.
 - `Adaptive(frozen)`: auto for a seeded sampling request. Its sampled tokens depend on the round
   structure, so its k may depend only on its own acceptance history: the prior acceptance and
@@ -172,7 +173,8 @@ class Planner:
     """Server-wide: acceptance seen by all sequences, costs per load level, the draft's health.
 
     max_k: the largest k any request may use. load_cap: optional operator cap (full_below,
-    off_at) on auto requests' k by active sequences, as the earlier fixed load policy did.
+    off_at) on k by active sequences, as the earlier fixed load policy did; frozen (seeded
+    sampling) requests are exempt, their k must not depend on load.
     """
 
     def __init__(self, max_k: int, load_cap: tuple[int, int] | None = None,
@@ -195,7 +197,7 @@ class Planner:
     def open(self, num_draft_tokens: int, auto: bool, frozen: bool = False) -> "Policy":
         self.active += 1
         if not auto:
-            return Fixed(self, num_draft_tokens)
+            return Fixed(self, num_draft_tokens, frozen)
         return Adaptive(self, min(num_draft_tokens, self.max_k), frozen)
 
     def close(self, policy: "Policy") -> None:
@@ -286,12 +288,16 @@ class Policy:
 
 
 class Fixed(Policy):
-    def __init__(self, planner: Planner, k: int):
+    def __init__(self, planner: Planner, k: int, frozen: bool):
         super().__init__(planner)
-        self.k = k
+        self.k, self.frozen = k, frozen
 
     def choose(self, limit: int) -> Choice:
         k = min(self.k, limit)
+        if k and not self.frozen:
+            k = self.planner.capped(k)
+            if k == 0:
+                return Choice(0, "load_cap")
         if k and not self.planner.draft_usable(self):
             return Choice(0, "draft_down")
         return Choice(k, "")

@@ -117,8 +117,8 @@ class OrchestratorSettings:
     default_num_draft_tokens: int = -1  # when a request sends none; -1: auto (policy.py)
     queue_timeout_s: float = 30.0    # wait for a free sequence slot, then UNAVAILABLE
     draft_timeout_s: float = 2.0     # a slower draft call counts as failed: target-only rounds
-    spec_full_below: int = 0         # optional cap on auto k: full below this many active
-    spec_off_at: int = 0             # sequences, none from spec_off_at on (0: no cap)
+    spec_full_below: int = 0         # optional cap on k: full below this many active sequences,
+    spec_off_at: int = 0             # none from spec_off_at on (0: no cap; seeded sampling exempt)
 
     @property
     def load_cap(self) -> tuple[int, int] | None:

@@ -124,11 +124,18 @@ def test_load_levels_have_their_own_costs():
     assert planner.estimates().costs["verify_call"] == pytest.approx(8 * one, rel=0.1)
 
 
-def test_operator_load_cap_limits_auto_only():
-    planner = Planner(8, load_cap=(2, 4))
-    auto, fixed = planner.open(8, auto=True), planner.open(6, auto=False)
-    planner.active = 5
-    assert auto.choose(8) == Choice(0, "load_cap") and fixed.choose(8) == Choice(6, "")
+def test_operator_load_cap_lowers_k_then_turns_speculation_off():
+    planner = Planner(8, load_cap=(4, 12))
+    auto, fixed, seeded = (planner.open(8, auto=True), planner.open(8, auto=False),
+                           planner.open(8, auto=False, frozen=True))
+    ks = []
+    for active in range(16):
+        planner.active = active
+        ks.append(fixed.choose(8).k)
+        assert seeded.choose(8).k == 8       # a seeded sampling request keeps its k
+    assert ks[:4] == [8] * 4 and ks[12:] == [0] * 4
+    assert all(a >= b for a, b in zip(ks, ks[1:])) and 0 < ks[6] < 8
+    assert auto.choose(8) == fixed.choose(8) == Choice(0, "load_cap")
 
 
 class Clock:
