@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models clean loadtest bench
+.PHONY: serve test install models clean loadtest bench tune
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ clean:
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)
+
+# Measure a pair on your own prompts: the best K and whether speculation pays (docs/tune.md).
+#   make tune TUNE_ARGS="--target /models/t --draft /models/d --prompts p.jsonl --url 127.0.0.1:8001"
+TUNE_ARGS ?=
+tune: $(STAMP)
+	$(VENV)/bin/specdec tune $(TUNE_ARGS)
 
 # Load test a running server (docs/loadtest.md): make loadtest USERS=8 DURATION=2m K=4,0
 USERS ?= 4

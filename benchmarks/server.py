@@ -162,6 +162,18 @@ class Server:
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """One specdec_* metric of the orchestrator by the value of one label, e.g. a
+        histogram's buckets (name_bucket, "le") or a counter's reasons."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(name + "{") and f'model="{ORCHESTRATOR}"' in line:
+                value = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                out[value] = out.get(value, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
     def model_stats(self) -> dict[str, dict[str, float]]:
         """Triton's own statistics of draft_model and target_model: request count and summed
         nanoseconds of queue, compute_input, compute_infer, compute_output."""

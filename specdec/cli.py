@@ -11,7 +11,10 @@ import importlib
 import sys
 
 # command -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tune": ("specdec.tune.cli", "measure a target/draft pair on your prompts: the best K and "
+                                 "whether speculation pays"),
+}
 
 
 def main(argv=None) -> int:

@@ -311,7 +311,11 @@ class Adaptive(Policy):
         self.prior = ([PRIOR_ACCEPTANCE] * planner.max_k if frozen
                       else planner.server_acceptance())
         self.off_rounds = 0                    # rounds at k = 0 since the last probe
-        self.probe_every = planner.probe_every
+        # Where the server's drafts are rarely accepted, a new sequence waits longer before it
+        # probes: about one probe per accepted token the server's rate promises.
+        a1 = self.prior[0] if self.prior else 1.0
+        self.probe_every = planner.probe_every if frozen else int(min(
+            planner.probe_max, max(planner.probe_every, planner.probe_every / max(a1, 1e-3))))
         self.probe = False                     # this round's k = 1 is a probe
 
     def acceptance(self) -> list[float]:

@@ -1,0 +1,122 @@
+"""specdec tune --target DIR --draft DIR --prompts FILE [--url HOST:PORT] [--out FILE]"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from ..config import CheckpointError
+from ..prompts import PromptsError, encode, load_prompts
+from .pair import check_pair
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULTS = REPO / "models" / "default"
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--target", type=Path, default=DEFAULTS / "target",
+                    help="target checkpoint directory (default: the embedded pair's)")
+    ap.add_argument("--draft", type=Path, default=DEFAULTS / "draft")
+    ap.add_argument("--prompts", type=Path, default=DEFAULTS / "heldout_prompts.jsonl",
+                    help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}) or plain text, "
+                         "one prompt per line: your own traffic, as close as you have it")
+    ap.add_argument("--num-prompts", type=int, default=16, help="the first N prompts (16)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (64)")
+    ap.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="draft lengths to measure")
+    ap.add_argument("--url", help="also measure a running server (gRPC host:port), K=0, each "
+                                  "K and auto; its figures decide the best K")
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda")
+    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--out", type=Path, default=Path("reports") / "tune.json")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    try:
+        ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})
+        if not ks or min(ks) < 1:
+            raise ValueError
+    except ValueError:
+        return _fail(f"--ks: expected draft lengths >= 1, comma-separated, got {args.ks!r}")
+    if args.num_prompts < 1 or args.max_tokens < 1:
+        return _fail("--num-prompts and --max-tokens must be >= 1")
+    try:
+        target_args, _ = check_pair(args.target, args.draft)
+        prompts = load_prompts(args.prompts, args.num_prompts)
+    except (CheckpointError, PromptsError) as e:
+        return _fail(str(e))
+
+    import torch
+
+    from ..serving.settings import EngineSettings
+    from .measure import load_engines, measure
+    from .remote import AUTO, measure_server
+    from .report import analyse, markdown
+    settings = EngineSettings(device=args.device, dtype=args.dtype)
+    try:
+        device, dtype = settings.torch_device(), settings.torch_dtype()
+    except (RuntimeError, KeyError) as e:
+        return _fail(f"--device/--dtype: {e}")
+    tokenizer = _tokenizer(args.target)
+    ids = [encode(tokenizer, p) for p in prompts]
+    max_len = min(target_args.max_position_embeddings,
+                  max(len(i) for i in ids) + args.max_tokens + max(ks) + 1)
+    target, draft = load_engines(args.target, args.draft, device, dtype, max_len,
+                                 target_args.vocab_size)
+    server_ks = ([0] + ks + [AUTO]) if args.url else []
+    bar = _progress(len(prompts) * (len(ks) + 1 + len(server_ks)), args.quiet)
+    local = []
+    for k in [0] + ks:
+        bar.set_description(f"in process K={k}")
+        local.append(measure(target, draft, ids, k, args.max_tokens, target_args.eos_token_ids,
+                             lambda: bar.update(1)))
+        bar.set_postfix(tok_s=f"{local[-1].tokens_per_s:.1f}")
+    remote = None
+    if args.url:
+        texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(
+            p, add_generation_prompt=True, tokenize=False) for p in prompts]
+        remote = []
+        for k in server_ks:
+            bar.set_description(f"server K={'auto' if k == AUTO else k}")
+            remote.append(measure_server(args.url, texts, k, args.max_tokens,
+                                         lambda: bar.update(1)))
+            bar.set_postfix(tok_s=f"{remote[-1].tokens_per_s:.1f}")
+    bar.close()
+    result = analyse(local, remote)
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+              "command": " ".join(["specdec", "tune", *sys.argv[2:]]) if sys.argv[1:2] == [
+                  "tune"] else " ".join(sys.argv),
+              "machine": {"cpu": platform.processor() or platform.machine(),
+                          "cpu_count": os.cpu_count(), "device": str(device),
+                          "gpu": torch.cuda.get_device_name(device) if device.type == "cuda"
+                          else None, "dtype": str(dtype).replace("torch.", "")},
+              "target": str(args.target), "draft": str(args.draft), "prompts": str(args.prompts),
+              "num_prompts": len(prompts), "max_tokens": args.max_tokens, "url": args.url,
+              **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(markdown(result, f"specdec tune: {args.target.name} with {args.draft.name} on "
+                           f"{len(prompts)} prompts x {args.max_tokens} tokens, {device} "
+                           f"{str(dtype).replace('torch.', '')}"))
+    print(f"JSON: {args.out}", file=sys.stderr)
+    return 0
+
+
+def _tokenizer(path: Path):
+    import transformers
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _progress(total: int, quiet: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="req", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+
+
+def _fail(message: str) -> int:
+    print(f"specdec tune: {message}", file=sys.stderr)
+    return 2
