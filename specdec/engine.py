@@ -33,8 +33,9 @@ class ProposeCall:
 
 @dataclass
 class Proposal:
-    tokens: list[int]               # [k]
-    probs: torch.Tensor | None      # [k, V] on the engine's device; None when greedy
+    tokens: list[int]               # [<= k]; fewer (even none) from a proposer without a guess
+    probs: torch.Tensor | None      # [len(tokens), V] on the engine's device; None: one-hot
+                                    # (a greedy draft, or a deterministic proposer)
 
 
 @dataclass
@@ -43,7 +44,8 @@ class VerifyCall:
     start: int
     tokens: list[int]               # committed tokens from `start` on, not cached yet (>= 1)
     drafts: list[int]               # [k], k >= 0
-    draft_probs: torch.Tensor | None  # [k, V'] or None: one-hot of drafts (greedy draft)
+    draft_probs: torch.Tensor | None  # [k, V'] or None: one-hot of drafts, exact for any
+                                      # target sampling (verify.py)
     sampling: SamplingParams
 
 
@@ -202,7 +204,9 @@ class Engine:
         q = None
         if any(c.draft_probs is not None for c in cs):
             q = torch.zeros(len(cs), k_max, v, device=self.device)
-            for b, c in enumerate(cs):  # copies of materialized rows; no compute per row
+            # Copies of materialized rows, no compute per row; a call without q gets the one-hot
+            # rows that verify assumes when q is None, so both paths accept and correct alike.
+            for b, c in enumerate(cs):
                 k = len(c.drafts)
                 if c.draft_probs is not None and k:
                     w = min(v, c.draft_probs.shape[-1])

@@ -5,6 +5,9 @@ rejection the target's token is drawn from normalize(max(0, p_j - q_j)); if all 
 token is drawn from p_{k+1}. The output then follows p exactly. With temperature 0 both p and q
 are one-hot (sampling.probabilities), so this is the exact-match rule with the target's argmax as
 correction: token-identical to the target's own greedy decoding.
+
+A deterministic proposal (a greedy draft, n-gram lookup) has q one-hot at its token d: it is
+accepted with probability p(d), and the residual max(0, p - onehot(d)) is p with d removed.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, num_dr
 
     p: [B, K+1, V] target distributions at the drafted positions and the one after.
     q: [B, K, V] draft distributions (rows are zero past a row's own num_drafts), or None when
-       every row's draft was greedy: q is then one-hot at the drafts, so q(d) = 1 and the
-       residual max(0, p - q) is p wherever a one-hot p rejects (no [B, K, V] tensor needed).
+       every row's proposal was deterministic: q is then one-hot at the drafts, so q(d) = 1
+       and the residual is p with the rejected draft zeroed (no [B, K, V] tensor needed).
     drafts: [B, K] drafted ids; num_drafts: [B] k_b <= K.
     first_position: [B] absolute position of the first drafted token.
     Returns (num_accepted [B], next_token [B]): output is drafts[:m] + [next_token].
@@ -39,6 +42,10 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, num_dr
     p_m = p.gather(1, idx)                                                         # [B, 1, V]
     if q is None:
         residual = p_m
+        if k > 0:  # zero d_m where it was rejected; past a row's drafts p_m is the bonus's p
+            d_m = drafts.gather(1, accepted.clamp(max=k - 1)[:, None])[..., None]     # [B, 1, 1]
+            rejected = (accepted < num_drafts)[:, None, None]                          # [B, 1, 1]
+            residual = p_m.scatter(-1, d_m, torch.where(rejected, 0.0, p_m.gather(-1, d_m)))
     else:
         # Past a row's drafts q is zero, so the residual there is p itself: the bonus token.
         q_full = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)                 # [B, K+1, V]
