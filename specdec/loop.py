@@ -156,6 +156,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     proposal = await asyncio.wait_for(drafter.propose(ProposeCall(
                         seq_id, draft_len, committed[draft_len:], k, req.sampling)),
                         draft_timeout_s)
+                    k = len(proposal.tokens)  # fewer from a proposer without a guess; 0: target only
                 except Exception as exc:   # the draft is an accelerator, never a dependency
                     failure = _failure_reason(exc)
                     k, draft_len = 0, 0    # its cache is unknown now: re-prefill next time
