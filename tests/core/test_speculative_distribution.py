@@ -3,6 +3,11 @@
 The models have a 5-token vocabulary, so every 3-token continuation (125 of them) has an exact
 probability under the target, computed independently with transformers. A negative control runs
 the same test against the draft's distribution and must reject it: the test has power.
+
+Deterministic proposals (n-gram lookup, a greedy draft beside a sampling target) are verified as
+one-hot q: accepted with probability p(d), corrected from p without d. Their prompts repeat, so
+lookup proposes, and were picked so the random target agrees with the proposals a third to a
+half of the time (a greedy draft: a fifth): neither the accept nor the reject path is idle.
 """
 import itertools
 
@@ -11,7 +16,10 @@ import torch
 import transformers
 from scipy.stats import chisquare
 
+from specdec.engine import ProposeCall
+from specdec.local import LocalDrafter
 from specdec.loop import Request
+from specdec.ngram import NgramProposer
 from specdec.policy import Planner, PriorCosts
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
@@ -39,7 +47,7 @@ def small_pair(tmp_path_factory):
     return target, make_draft(target, root / "d", noise=1.0, seed=4)
 
 
-def exact_distribution(path, params: SamplingParams) -> dict[tuple, float]:
+def exact_distribution(path, params: SamplingParams, prompt=PROMPT) -> dict[tuple, float]:
     """P(x1 x2 x3 | prompt) under the model with HF's own temperature/top-k/top-p warpers."""
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
     warpers = [transformers.TemperatureLogitsWarper(params.temperature)]
@@ -49,14 +57,14 @@ def exact_distribution(path, params: SamplingParams) -> dict[tuple, float]:
         warpers.append(transformers.TopPLogitsWarper(params.top_p))
     dist = {}
     for seq in itertools.product(range(V), repeat=LENGTH):
-        ids = torch.tensor([PROMPT + list(seq)])
+        ids = torch.tensor([prompt + list(seq)])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(PROMPT) - 1: -1]
+            logits = model(ids).logits[0, len(prompt) - 1: -1]
         prob = 1.0
         for pos, tok in enumerate(seq):
             scores = logits[pos][None]
             for w in warpers:
-                scores = w(ids[:, : len(PROMPT) + pos], scores)
+                scores = w(ids[:, : len(prompt) + pos], scores)
             prob *= torch.softmax(scores, -1)[0, tok].item()
         dist[seq] = prob
     return dist
@@ -110,3 +118,33 @@ def test_speculative_samples_follow_target(small_pair, k, params, auto):
     assert chi_square_p(counts, exact_distribution(small_pair[0], params)) > 1e-3
     # Negative control: the draft's own distribution differs, and the test sees it.
     assert chi_square_p(counts, exact_distribution(small_pair[1], params)) < 1e-6
+
+
+class GreedyDraft(LocalDrafter):
+    """The draft model proposing its argmax whatever the request samples: one-hot q."""
+    async def propose(self, call: ProposeCall):
+        return await super().propose(ProposeCall(call.seq_id, call.start, call.tokens, call.k,
+                                                 SamplingParams()))
+
+
+@pytest.mark.parametrize("proposer,prompt,k,params", [
+    ("ngram", [0, 4, 1, 3, 0, 4, 1, 3], 3, SamplingParams(temperature=1.0)),
+    ("ngram", [0, 3, 4, 0, 3], 2, SamplingParams(temperature=0.8, top_k=4, top_p=0.9)),
+    ("greedy_draft", [1, 0, 0, 1, 0, 0, 1], 3, SamplingParams(temperature=1.0)),
+])
+def test_one_hot_proposals_samples_follow_target(small_pair, proposer, prompt, k, params):
+    target, draft = engines(small_pair, max_sequences=N, max_len=16)
+    drafter = NgramProposer() if proposer == "ngram" else GreedyDraft(draft)
+    reqs = [Request(prompt, LENGTH, k, SamplingParams(params.temperature, params.top_k,
+                                                      params.top_p, seed=1_000_003 * i + 7),
+                    prefill_alone=False)
+            for i in range(N)]
+    results = generate(target, draft, reqs, drafter=drafter)
+    counts: dict[tuple, int] = {}
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    proposed = sum(s.total_draft_tokens for _, s, _ in results)
+    rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / proposed
+    assert proposed > N and 0.15 < rate < 0.9, (proposed, rate)  # accepts and rejects weigh
+    assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt)) > 1e-3
+    assert chi_square_p(counts, exact_distribution(small_pair[1], params, prompt)) < 1e-6
