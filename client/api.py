@@ -24,8 +24,11 @@ from specdec.names import (  # noqa: E402  (re-exported)
     ENSEMBLE,
     FINISH_REASON,
     MAX_TOKENS,
+    NGRAM_ACCEPTED_TOKENS,
+    NGRAM_DRAFT_TOKENS,
     NUM_DRAFT_TOKENS,
     NUM_OUTPUT_TOKENS,
+    PROPOSER,
     SEED,
     STATS_OUTPUTS,
     STOP_WORDS,
@@ -51,7 +54,9 @@ INPUT_DATATYPES: dict[str, str] = {
     SEED: "UINT64",
     NUM_DRAFT_TOKENS: "INT32",
     STOP_WORDS: "BYTES",
+    PROPOSER: "BYTES",
 }
+PROPOSERS = ("draft", "ngram", "hybrid")
 
 FINISH_CANCELLED = "cancelled"
 DEFAULT_HTTP_URL = "localhost:8000"
@@ -95,7 +100,8 @@ class GenerationParams:
     of the request so the server's default applies; an empty ``stop_words``
     is treated the same way because a zero-width tensor is not a valid input.
     ``num_draft_tokens=0`` asks for plain target decoding; ``None`` (or -1) lets
-    the server choose the draft length per round.
+    the server choose the draft length per round. ``proposer`` drafts with the
+    draft model, prompt lookup (``ngram``) or either per round (``hybrid``).
     """
 
     max_tokens: int | None = None
@@ -105,6 +111,7 @@ class GenerationParams:
     seed: int | None = None
     num_draft_tokens: int | None = None
     stop_words: Sequence[str] | None = None
+    proposer: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens, MAX_TOKENS, 1, integer=True)
@@ -118,11 +125,14 @@ class GenerationParams:
                 raise TypeError("stop_words must be a sequence of strings, not one string")
             if not all(isinstance(w, str) for w in self.stop_words):
                 raise TypeError("stop_words must contain only strings")
+        if self.proposer is not None and self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, "
+                             f"got {self.proposer!r}")
 
     def fields(self) -> dict[str, Any]:
         """The inputs to send, by name, leaving out those at server default."""
         out: dict[str, Any] = {}
-        for name in (MAX_TOKENS, TEMPERATURE, TOP_P, TOP_K, SEED, NUM_DRAFT_TOKENS):
+        for name in (MAX_TOKENS, TEMPERATURE, TOP_P, TOP_K, SEED, NUM_DRAFT_TOKENS, PROPOSER):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -146,6 +156,8 @@ class Result:
     total_accepted_draft_tokens: int | None = None
     acceptance_rate: float | None = None
     finish_reason: str | None = None
+    ngram_draft_tokens: int | None = None        # of total_draft_tokens, prompt lookup's
+    ngram_accepted_tokens: int | None = None
     time_to_first_token_s: float | None = None
     total_time_s: float = 0.0
     chunk_times_s: list[float] = field(default_factory=list)
@@ -225,6 +237,8 @@ class Collector:
             total_accepted_draft_tokens=num(TOTAL_ACCEPTED_DRAFT_TOKENS, int),
             acceptance_rate=num(ACCEPTANCE_RATE, float),
             finish_reason=FINISH_CANCELLED if cancelled else num(FINISH_REASON, str),
+            ngram_draft_tokens=num(NGRAM_DRAFT_TOKENS, int),
+            ngram_accepted_tokens=num(NGRAM_ACCEPTED_TOKENS, int),
             time_to_first_token_s=self.times[0] if streamed and self.times else None,
             total_time_s=time.perf_counter() - self.t0,
             chunk_times_s=list(self.times),

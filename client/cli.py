@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft-tokens", type=int,
                    help="K per round; 0 decodes with the target model only; default: the "
                         "server chooses per round")
+    p.add_argument("--proposer", choices=("draft", "ngram", "hybrid"),
+                   help="draft with the draft model, prompt lookup, or either per round; "
+                        "default: the server's")
     p.add_argument("--stop-word", action="append", dest="stop_words", metavar="W",
                    help="stop generating at W (repeatable)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -60,7 +63,7 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
     return GenerationParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed, num_draft_tokens=args.num_draft_tokens,
-        stop_words=args.stop_words)
+        stop_words=args.stop_words, proposer=args.proposer)
 
 
 def _fmt(value: object, spec: str = "", unit: str = "") -> str:
@@ -72,7 +75,8 @@ def format_stats(result: Result) -> str:
     return (
         f"tokens: {_fmt(result.num_output_tokens)}, "
         f"draft tokens: {_fmt(result.total_draft_tokens)}, "
-        f"accepted: {_fmt(result.total_accepted_draft_tokens)}, "
+        f"accepted: {_fmt(result.total_accepted_draft_tokens)} "
+        f"(lookup: {_fmt(result.ngram_accepted_tokens)} of {_fmt(result.ngram_draft_tokens)}), "
         f"acceptance rate: {_fmt(result.acceptance_rate, '.3f')}, "
         f"finish reason: {_fmt(result.finish_reason)}\n"
         f"time to first token: {_fmt(result.time_to_first_token_s, '.3f', ' s')}, "

@@ -39,7 +39,10 @@ def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
     batch dimension (max_batch_size 0), like TensorRT-LLM's and vLLM's Triton models."""
     values: dict[str, Any] = {TEXT_INPUT: [prompt.encode("utf-8")], STREAM: [stream]}
     for name, value in (params or GenerationParams()).fields().items():
-        values[name] = [w.encode("utf-8") for w in value] if name == STOP_WORDS else [value]
+        if name == STOP_WORDS:
+            values[name] = [w.encode("utf-8") for w in value]
+        else:
+            values[name] = [value.encode("utf-8") if isinstance(value, str) else value]
     inputs = []
     for name, row in values.items():
         datatype = INPUT_DATATYPES[name]

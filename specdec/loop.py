@@ -3,6 +3,8 @@
 A `Drafter` proposes k tokens for a sequence; a `Verifier` scores them and returns the accepted
 prefix plus one token of its own. In process they wrap an `Engine` (specdec.local); in Triton
 they are BLS calls to draft_model and target_model. Per round: one draft call, one target call.
+A request may draft with the draft model, with prompt lookup (ngram.py, in this process, no
+call), or with either, chosen per round (hybrid).
 
 Cache bookkeeping lives here, not in the models: each call carries the cached length to roll
 back to and the committed tokens the model has not seen. The target always caches all committed
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
 from .engine import ProposeCall, Proposal, Verdict, VerifyCall
+from .estimates import DRAFT, NGRAM
+from .ngram import NgramProposer
 from .policy import Choice, Planner, Policy
 from .sampling import SamplingParams
 
@@ -45,6 +49,17 @@ class Request:
     # The first round is the target's prefill alone, so the first token comes as soon as
     # without speculation; the draft prefills on its first proposal instead.
     prefill_alone: bool = True
+    proposer: str = DRAFT                    # "draft", "ngram" or "hybrid" (PROPOSER_SETS)
+
+
+# What a request's proposer may draft with, in the order a fixed k prefers them.
+PROPOSER_SETS = {DRAFT: (DRAFT,), NGRAM: (NGRAM,), "hybrid": (NGRAM, DRAFT)}
+
+
+def open_policy(planner: Planner, req: Request) -> Policy:
+    """The request's policy on a server-wide planner; close it with planner.close."""
+    return planner.open(req.num_draft_tokens, req.auto, req.reproducible,
+                        PROPOSER_SETS[req.proposer])
 
 
 @dataclass
@@ -52,6 +67,8 @@ class Stats:
     num_output_tokens: int = 0
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
+    ngram_draft_tokens: int = 0              # of the totals, what prompt lookup proposed
+    ngram_accepted_tokens: int = 0
     rounds: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
     draft_s: float = 0.0
@@ -114,28 +131,39 @@ class Round:
     draft_fed: int = 0        # committed tokens the draft had to catch up on (0: no draft call)
     failure: str | None = None  # "error", "timeout" or "unavailable": the draft call failed
     limit: int = 0            # the most the request allowed this round
-    reason: str = ""          # why k < limit (policy.Choice.reason)
+    reason: str = ""          # why k is 0 though limit is not (policy.Choice.reason)
+    proposer: str = DRAFT     # who proposed (or was asked to): "draft" or "ngram"
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
                     max_len: int, emit: Callable[[Chunk], Awaitable[None] | None],
                     cancelled: Callable[[], bool] = lambda: False,
                     on_round: Callable[[Round], None] | None = None,
-                    policy: Policy | None = None, draft_timeout_s: float | None = None) -> Stats:
+                    policy: Policy | None = None, draft_timeout_s: float | None = None,
+                    ngram: NgramProposer | None = None) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
+    drafter: the draft model (None: none configured); ngram: prompt lookup, for requests whose
+    proposer is "ngram" or "hybrid".
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
     on_round: observes every round (metrics).
-    policy: chooses each round's k (policy.py); default: exactly req.num_draft_tokens.
+    policy: chooses each round's k and proposer (policy.py); default: exactly num_draft_tokens.
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
+    drafters = {DRAFT: drafter, NGRAM: ngram}
+    allowed = PROPOSER_SETS[req.proposer]
+    missing = [p for p in allowed if drafters[p] is None]
+    if missing:
+        raise ValueError(f"proposer {req.proposer!r} needs {', '.join(missing)}, not configured")
     if policy is None:
-        policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, auto=False)
+        policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, False,
+                                                    proposers=allowed)
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
-    target_len = draft_len = 0        # tokens each model has cached, all committed
-    drafted = False
+    target_len = 0                    # tokens the target has cached, all committed
+    lens = {p: 0 for p in allowed}    # tokens each proposer holds, all committed
+    used = {NGRAM} & set(allowed)     # proposers holding state for this sequence
     verified_at = None
     try:
         while out.finish is None:
@@ -146,20 +174,24 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             t0 = time.perf_counter()
             limit = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
                 req.num_draft_tokens, max_len - n, req.max_tokens - len(out.tokens) - 1))
-            choice = policy.choose(limit) if limit else Choice(0, "")
-            k, failure, fed = choice.k, None, 0
+            offers = {}
+            if limit and NGRAM in allowed:   # what a lookup would propose, for the choice
+                match = ngram.lookup(seq_id, lens[NGRAM], committed[lens[NGRAM]:])
+                lens[NGRAM], offers[NGRAM] = n, match.proposes(limit)
+            choice = policy.choose(limit, offers) if limit else Choice(0)
+            k, p, failure, fed = choice.k, choice.proposer, None, 0
             proposal = Proposal([], None)
             if k > 0:
-                drafted = True
-                fed = n - draft_len
+                used.add(p)
+                fed = n - lens[p]
                 try:
-                    proposal = await asyncio.wait_for(drafter.propose(ProposeCall(
-                        seq_id, draft_len, committed[draft_len:], k, req.sampling)),
-                        draft_timeout_s)
+                    proposal = await asyncio.wait_for(drafters[p].propose(ProposeCall(
+                        seq_id, lens[p], committed[lens[p]:], k, req.sampling)),
+                        draft_timeout_s if p == DRAFT else None)
                     k = len(proposal.tokens)  # fewer from a proposer without a guess; 0: target only
                 except Exception as exc:   # the draft is an accelerator, never a dependency
                     failure = _failure_reason(exc)
-                    k, draft_len = 0, 0    # its cache is unknown now: re-prefill next time
+                    k, lens[p] = 0, 0      # its cache is unknown now: re-prefill next time
             t1 = time.perf_counter()
             verdict = await verifier.verify(VerifyCall(
                 seq_id, target_len, committed[target_len:], proposal.tokens, proposal.probs,
@@ -170,15 +202,18 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             committed += verdict.tokens
             target_len = n + m
             if k > 0:
-                draft_len = n + min(m, k - 1)  # it fed d_1..d_{k-1}; d_k and later never
+                lens[p] = n + min(m, k - 1)  # it fed d_1..d_{k-1}; d_k and later never
             stats.rounds += 1
             stats.total_draft_tokens += k
             stats.total_accepted_draft_tokens += m
+            if p == NGRAM:
+                stats.ngram_draft_tokens += k
+                stats.ngram_accepted_tokens += m
             stats.accepted_per_round.append(m)
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             r = Round(k, m, t1 - t0, t2 - t1, None if verified_at is None else t0 - verified_at,
-                      prefill, fed, failure, limit, choice.reason)
+                      prefill, fed, failure, limit, choice.reason, p)
             verified_at = t2
             policy.observe(r)
             if on_round is not None:
@@ -192,7 +227,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             await _call(emit, Chunk(out.take(), out.finish, stats))
         return stats
     finally:
-        releases = [verifier.release(seq_id)] + ([drafter.release(seq_id)] if drafted else [])
+        releases = [verifier.release(seq_id)] + [drafters[p].release(seq_id) for p in used]
         await asyncio.shield(asyncio.gather(*releases, return_exceptions=True))
 
 

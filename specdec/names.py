@@ -18,6 +18,7 @@ TOP_K = "top_k"
 SEED = "seed"
 NUM_DRAFT_TOKENS = "num_draft_tokens"
 STOP_WORDS = "stop_words"
+PROPOSER = "proposer"              # draft, ngram or hybrid
 
 # Response outputs.
 TEXT_OUTPUT = "text_output"
@@ -26,8 +27,10 @@ TOTAL_DRAFT_TOKENS = "total_draft_tokens"
 TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
 ACCEPTANCE_RATE = "acceptance_rate"
 FINISH_REASON = "finish_reason"
+NGRAM_DRAFT_TOKENS = "ngram_draft_tokens"          # of total_draft_tokens, prompt lookup's
+NGRAM_ACCEPTED_TOKENS = "ngram_accepted_tokens"    # of total_accepted_draft_tokens
 STATS_OUTPUTS = (NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS, TOTAL_ACCEPTED_DRAFT_TOKENS,
-                 ACCEPTANCE_RATE, FINISH_REASON)
+                 ACCEPTANCE_RATE, FINISH_REASON, NGRAM_DRAFT_TOKENS, NGRAM_ACCEPTED_TOKENS)
 
 # Between pipeline steps.
 INPUT_IDS = "input_ids"            # preprocessing -> orchestrator: prompt token ids

@@ -25,6 +25,11 @@ class _EngineModel:
     def __init__(self, pb, model_config: dict):
         self.pb = pb
         s = EngineSettings.parse(parameters(model_config), self.role)
+        self.settings = s
+        self._slot_gauges(pb, 0 if s.disabled else s.max_sequences)
+        if s.disabled:   # served without a draft: nothing to load, nothing will call it
+            self.engine = None
+            return
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
@@ -32,7 +37,8 @@ class _EngineModel:
         self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
                                   device, vocab_size=vocab, attention_kind=s.attention,
                                   cuda_graphs=s.cuda_graphs and device.type == "cuda")
-        self.settings = s
+
+    def _slot_gauges(self, pb, total: int) -> None:
         # Triton requires a MetricFamily to outlive its metrics: keep both on the instance.
         self.slots_family = pb.MetricFamily(
             name="specdec_kv_slots_used", description="KV cache slots holding a sequence",
@@ -42,9 +48,12 @@ class _EngineModel:
             name="specdec_kv_slots_total", description="KV cache slots (max_sequences)",
             kind=pb.MetricFamily.GAUGE)
         self.slots_total = self.slots_total_family.Metric(labels={"model": f"{self.role}_model"})
-        self.slots_total.set(s.max_sequences)
+        self.slots_total.set(total)
 
     def execute(self, requests) -> list:
+        if self.engine is None:
+            error = RuntimeError(f"{self.role}_model is disabled ($SPECDEC_DRAFT_MODEL=none)")
+            return [error_response(self.pb, error) for _ in requests]
         try:
             return self._execute(requests)
         finally:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 
+from ..estimates import DRAFT, PROPOSERS
 from ..loop import Round, Stats
 
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 _RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 FINISH_REASONS = ("length", "eos", "stop", "cancelled", "error")
-OFF_REASONS = ("acceptance", "draft_down", "load_cap")      # policy.Choice.reason
+OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")   # policy.Choice.reason
 FAILURE_REASONS = ("error", "timeout", "unavailable")       # loop.Round.failure
 COST_PARTS = ("draft_call", "draft_token", "verify_call", "verify_token", "other")
 FLUSH_EVERY_S = 1.0
@@ -46,9 +47,14 @@ class Metrics:
         self.active = family("specdec_active_sequences",
                              "Sequences being generated now (KV slots held in draft and target)",
                              kinds.GAUGE).Metric(labels=labels)
-        self.draft_tokens = counter("specdec_draft_tokens_total", "Tokens proposed by the draft")
-        self.accepted_tokens = counter("specdec_accepted_tokens_total",
-                                       "Draft tokens accepted by the target")
+        def by_proposer(name, description):
+            f = family(name, description, kinds.COUNTER)
+            return {p: f.Metric(labels={**labels, "proposer": p}) for p in PROPOSERS}
+
+        self.draft_tokens = by_proposer("specdec_draft_tokens_total",
+                                        "Tokens proposed (draft model or prompt lookup)")
+        self.accepted_tokens = by_proposer("specdec_accepted_tokens_total",
+                                           "Proposed tokens accepted by the target")
         self.rounds = counter("specdec_rounds_total", "Propose/verify rounds (target passes)")
         self.output_tokens = counter("specdec_output_tokens_total", "Tokens returned to clients")
         requests = family("specdec_requests_total", "Finished requests by finish reason",
@@ -60,10 +66,12 @@ class Metrics:
                            kinds.COUNTER)
         proposed = family("specdec_drafted_at_position_total",
                           "Rounds that drafted a token at this position (1..K)", kinds.COUNTER)
-        self.accepted_at = [positions.Metric(labels={**labels, "position": str(j + 1)})
-                            for j in range(max_draft_tokens)]
-        self.drafted_at = [proposed.Metric(labels={**labels, "position": str(j + 1)})
-                           for j in range(max_draft_tokens)]
+        self.accepted_at = {p: [positions.Metric(labels={**labels, "proposer": p,
+                                                         "position": str(j + 1)})
+                                for j in range(max_draft_tokens)] for p in PROPOSERS}
+        self.drafted_at = {p: [proposed.Metric(labels={**labels, "proposer": p,
+                                                       "position": str(j + 1)})
+                               for j in range(max_draft_tokens)] for p in PROPOSERS}
         self.acceptance_rate = histogram("specdec_request_acceptance_rate",
                                          "Per-request accepted / drafted tokens", _RATE_BUCKETS)
         self.accepted_per_round = histogram(
@@ -94,8 +102,9 @@ class Metrics:
         accept = family("specdec_acceptance_estimate",
                         "Server-wide acceptance at a draft position, given the earlier accepted",
                         kinds.GAUGE)
-        self.acceptance_estimate = [accept.Metric(labels={**labels, "position": str(j + 1)})
-                                    for j in range(max_draft_tokens)]
+        self.acceptance_estimate = {p: [accept.Metric(labels={**labels, "proposer": p,
+                                                              "position": str(j + 1)})
+                                        for j in range(max_draft_tokens)] for p in PROPOSERS}
         cost = family("specdec_round_cost_seconds",
                       "Fitted cost of a round's parts at the current load", kinds.GAUGE)
         self.cost_estimate = {p: cost.Metric(labels={**labels, "part": p}) for p in COST_PARTS}
@@ -114,8 +123,9 @@ class Metrics:
         self._flushed_at = time.monotonic()
         if self.estimates is not None:
             e = self.estimates()
-            for gauge, a in zip(self.acceptance_estimate, e.acceptance):
-                gauge.set(a)
+            for p, rates in e.acceptance.items():
+                for gauge, a in zip(self.acceptance_estimate[p], rates):
+                    gauge.set(a)
             for part, seconds in e.costs.items():
                 self.cost_estimate[part].set(seconds)
 
@@ -127,15 +137,17 @@ class Metrics:
             self.chosen_k.observe(r.k)
             if r.k == 0 and r.reason:
                 self._count(self.off_rounds[r.reason], 1)
-        self._count(self.draft_tokens, r.k)
-        self._count(self.accepted_tokens, r.accepted)
-        for j in range(r.k):
-            self._count(self.drafted_at[j], 1)
-        for j in range(r.accepted):
-            self._count(self.accepted_at[j], 1)
         if r.k:
+            p = r.proposer
+            self._count(self.draft_tokens[p], r.k)
+            self._count(self.accepted_tokens[p], r.accepted)
+            for j in range(r.k):
+                self._count(self.drafted_at[p][j], 1)
+            for j in range(r.accepted):
+                self._count(self.accepted_at[p][j], 1)
             self.accepted_per_round.observe(r.accepted)
-            self.draft_latency.observe(r.draft_s)
+            if p == DRAFT:
+                self.draft_latency.observe(r.draft_s)
         self.verify_latency.observe(r.verify_s)
         self.round_latency.observe(r.draft_s + r.verify_s)
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:

@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from .. import names
-from ..loop import Chunk, speculate
+from ..loop import Chunk, open_policy, speculate
+from ..ngram import NgramProposer
 from ..policy import Planner
 from . import detokenize
 from .adapter import read_inputs, triton_error
@@ -22,7 +23,8 @@ from .requests import parse_request
 from .settings import OrchestratorSettings
 
 INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS, names.STREAM,
-          names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS)
+          names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS,
+          names.PROPOSER)
 
 
 class Unavailable(RuntimeError):
@@ -33,7 +35,11 @@ class Orchestrator:
     def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], vocab_size: int,
                  drafter, verifier, metrics: Metrics):
         self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
-        self.drafter, self.verifier = drafter, verifier
+        self.drafter = drafter if settings.has_draft else None
+        self.verifier = verifier
+        # Prompt lookup runs here, where the committed tokens are: a lookup costs microseconds,
+        # a BLS call milliseconds (docs/benchmarks.md).
+        self.ngram = NgramProposer(settings.ngram_max_n, settings.ngram_min_n)
         self.metrics = metrics
         self.planner = Planner(settings.max_draft_tokens, settings.load_cap)
         metrics.estimates = self.planner.estimates
@@ -56,7 +62,7 @@ class Orchestrator:
             except asyncio.TimeoutError:
                 raise Unavailable(f"all {self.settings.max_sequences} sequence slots stayed busy "
                                   f"for {self.settings.queue_timeout_s}s; retry later") from None
-            policy = self.planner.open(req.num_draft_tokens, req.auto, req.reproducible)
+            policy = open_policy(self.planner, req)
             self.metrics.active.set(self.planner.active)
             try:
                 shown: list[int] = []
@@ -82,7 +88,8 @@ class Orchestrator:
 
                 await speculate(next(self.ids), req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, emit, request.is_cancelled,
-                                self.metrics.round, policy, self.settings.draft_timeout_s)
+                                self.metrics.round, policy, self.settings.draft_timeout_s,
+                                self.ngram)
             finally:
                 self.planner.close(policy)
                 self.metrics.active.set(self.planner.active)
@@ -109,5 +116,7 @@ class Orchestrator:
             names.TOTAL_ACCEPTED_DRAFT_TOKENS: np.array([st.total_accepted_draft_tokens], np.int32),
             names.ACCEPTANCE_RATE: np.array([st.acceptance_rate], np.float32),
             names.FINISH_REASON: np.array([(chunk.finish_reason or "").encode()], object),
+            names.NGRAM_DRAFT_TOKENS: np.array([st.ngram_draft_tokens], np.int32),
+            names.NGRAM_ACCEPTED_TOKENS: np.array([st.ngram_accepted_tokens], np.int32),
         }
         return pb.InferenceResponse(output_tensors=[pb.Tensor(n, v) for n, v in tensors.items()])

@@ -13,7 +13,7 @@ import numpy as np
 from .. import names
 from ..loop import Request
 from ..sampling import SamplingParams
-from .settings import OrchestratorSettings
+from .settings import PROPOSERS, OrchestratorSettings
 
 
 AUTO = -1   # num_draft_tokens: k chosen per round by the policy, up to max_draft_tokens
@@ -102,7 +102,23 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     stop = _stop_sequences(inputs)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     return Request(prompt, max_tokens, settings.max_draft_tokens if auto else k, sampling, stop,
-                   eos, auto, reproducible), stream
+                   eos, auto, reproducible, proposer=parse_proposer(inputs, settings)), stream
+
+
+def parse_proposer(inputs: dict, settings: OrchestratorSettings) -> str:
+    arr = inputs.get(names.PROPOSER)
+    if arr is None:
+        return settings.proposer
+    arr = np.asarray(arr, dtype=object).reshape(-1)
+    if arr.size != 1:
+        raise InvalidInput(f"{names.PROPOSER}: expected one value, got {arr.size}")
+    value = decode_text(arr[0], names.PROPOSER)
+    if value not in PROPOSERS:
+        raise InvalidInput(f"{names.PROPOSER}: {value[:40]!r} is not one of {', '.join(PROPOSERS)}")
+    if value != "ngram" and not settings.has_draft:
+        raise InvalidInput(f"{names.PROPOSER}: {value!r} needs a draft model and this server "
+                           f"has none; use ngram")
+    return value
 
 
 def _stop_sequences(inputs: dict) -> tuple[tuple[int, ...], ...]:

@@ -20,6 +20,10 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
            "float64": torch.float64}
 
 
+NO_DRAFT = "none"   # $SPECDEC_DRAFT_MODEL=none: no draft model, prompt lookup only
+PROPOSERS = ("draft", "ngram", "hybrid")
+
+
 class SettingsError(ValueError):
     pass
 
@@ -79,6 +83,8 @@ class EngineSettings:
                                  "target_model_path": f"{ENV_PREFIX}TARGET_MODEL"})
         path = s.model_path or str(DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT)
         target = s.target_model_path or (path if role == "target" else str(DEFAULT_TARGET))
+        if path == NO_DRAFT and role != "draft":
+            raise SettingsError(f"the {role} model cannot be {NO_DRAFT!r}")
         if s.dtype not in ("auto", *_DTYPES):
             raise SettingsError(f"dtype {s.dtype!r}: expected auto or one of {', '.join(_DTYPES)}")
         if s.max_sequences < 1 or s.max_seq_len < 2:
@@ -87,6 +93,11 @@ class EngineSettings:
             raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
                    s.attention, s.cuda_graphs)
+
+    @property
+    def disabled(self) -> bool:
+        """A draft_model configured with no draft: it loads nothing and answers nothing."""
+        return self.model_path == NO_DRAFT
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
@@ -119,6 +130,19 @@ class OrchestratorSettings:
     draft_timeout_s: float = 2.0     # a slower draft call counts as failed: target-only rounds
     spec_full_below: int = 0         # optional cap on k: full below this many active sequences,
     spec_off_at: int = 0             # none from spec_off_at on (0: no cap; seeded sampling exempt)
+    draft_model_path: str = ""       # $SPECDEC_DRAFT_MODEL; "none": prompt lookup only
+    default_proposer: str = ""       # draft, ngram or hybrid; "": hybrid, ngram without a draft
+    ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
+    ngram_min_n: int = 2
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft_model_path != NO_DRAFT
+
+    @property
+    def proposer(self) -> str:
+        """What a request that names none drafts with."""
+        return self.default_proposer or ("hybrid" if self.has_draft else "ngram")
 
     @property
     def load_cap(self) -> tuple[int, int] | None:
@@ -126,7 +150,8 @@ class OrchestratorSettings:
 
     @classmethod
     def parse(cls, params: dict) -> "OrchestratorSettings":
-        s = _parse(cls, params, {"target_model_path": ENV_PREFIX + "TARGET_MODEL"})
+        s = _parse(cls, params, {"target_model_path": ENV_PREFIX + "TARGET_MODEL",
+                                 "draft_model_path": ENV_PREFIX + "DRAFT_MODEL"})
         if not -1 <= s.default_num_draft_tokens <= s.max_draft_tokens:
             raise SettingsError("default_num_draft_tokens must be -1 (auto) or within "
                                 "0..max_draft_tokens")
@@ -138,6 +163,14 @@ class OrchestratorSettings:
             raise SettingsError("need 1 <= spec_full_below < spec_off_at (or both 0: no cap)")
         if s.draft_timeout_s <= 0:
             raise SettingsError("draft_timeout_s must be > 0")
+        if s.default_proposer not in ("", *PROPOSERS):
+            raise SettingsError(f"default_proposer {s.default_proposer!r}: expected one of "
+                                f"{', '.join(PROPOSERS)}")
+        if s.draft_model_path == NO_DRAFT and s.default_proposer in ("draft", "hybrid"):
+            raise SettingsError(f"default_proposer {s.default_proposer!r} needs a draft model, "
+                                f"and $SPECDEC_DRAFT_MODEL is {NO_DRAFT!r}")
+        if not 1 <= s.ngram_min_n <= s.ngram_max_n:
+            raise SettingsError("need 1 <= ngram_min_n <= ngram_max_n")
         path = s.target_model_path or str(DEFAULT_TARGET)
         return cls(**{**s.__dict__, "target_model_path": path})
 

@@ -125,6 +125,8 @@ def orchestrator_request(prompt, cancelled=None, on_send=None, **fields):
     for name, value in fields.items():
         if name in (names.STOP_IDS, names.STOP_LENGTHS):
             inputs[name] = np.array(value, np.int32)
+        elif name == names.PROPOSER:
+            inputs[name] = np.array([value.encode()], object)
         else:
             inputs[name] = np.array([value], dtypes[name])
     return fake_pb.Request(inputs, config=fake_pb.ModelConfig("speculative_decoding"),

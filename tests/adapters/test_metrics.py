@@ -35,12 +35,13 @@ def test_counters_are_sent_when_the_request_finishes(monkeypatch):
     m.finished("length", Stats(num_output_tokens=60, total_draft_tokens=80,
                                total_accepted_draft_tokens=50, rounds=10))
     assert value("specdec_rounds_total") == 10
-    assert value("specdec_draft_tokens_total") == 80
-    assert value("specdec_accepted_tokens_total") == 50
+    assert value("specdec_draft_tokens_total", proposer="draft") == 80
+    assert value("specdec_accepted_tokens_total", proposer="draft") == 50
+    assert value("specdec_draft_tokens_total", proposer="ngram") == 0
     assert value("specdec_output_tokens_total") == 60
-    assert value("specdec_drafted_at_position_total", position="8") == 10
-    assert value("specdec_accepted_at_position_total", position="5") == 10
-    assert value("specdec_accepted_at_position_total", position="6") == 0
+    assert value("specdec_drafted_at_position_total", proposer="draft", position="8") == 10
+    assert value("specdec_accepted_at_position_total", proposer="draft", position="5") == 10
+    assert value("specdec_accepted_at_position_total", proposer="draft", position="6") == 0
     assert value("specdec_requests_total", finish_reason="length") == 1
     # One increment per counter that moved (rounds, drafted, accepted, output, 8 + 5 positions,
     # the finish reason) and the acceptance histogram.
@@ -51,4 +52,17 @@ def test_long_requests_send_counters_while_they_run(monkeypatch):
     m = Metrics(fake_pb, "batching_test", max_draft_tokens=8)
     monkeypatch.setattr(metrics_module, "FLUSH_EVERY_S", 0.0)
     m.round(Round(k=2, accepted=1, draft_s=0.01, verify_s=0.01))
-    assert value("specdec_rounds_total") == 1 and value("specdec_draft_tokens_total") == 2
+    assert value("specdec_rounds_total") == 1
+    assert value("specdec_draft_tokens_total", proposer="draft") == 2
+
+
+def test_lookup_rounds_count_under_their_proposer(monkeypatch):
+    m = Metrics(fake_pb, "batching_test", max_draft_tokens=8)
+    monkeypatch.setattr(metrics_module, "FLUSH_EVERY_S", 0.0)
+    (draft_latency,) = fake_pb.metrics("specdec_draft_latency_seconds", model="batching_test")
+    before = len(draft_latency.observations)
+    m.round(Round(k=3, accepted=2, draft_s=1e-5, verify_s=0.01, proposer="ngram"))
+    assert value("specdec_draft_tokens_total", proposer="ngram") == 3
+    assert value("specdec_accepted_at_position_total", proposer="ngram", position="2") == 1
+    assert value("specdec_draft_tokens_total", proposer="draft") == 0
+    assert len(draft_latency.observations) == before     # a lookup is not a draft_model call

@@ -145,9 +145,10 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     _, auto = generate(pipeline, PROMPT, max_tokens=16)         # k chosen per round
     generate(pipeline, PROMPT, top_p=2.0)
 
-    def value(name, **labels):
-        (m,) = fake_pb.metrics(name, model="speculative_decoding", **labels)
-        return m.value()
+    def value(name, **labels):   # summed over the labels not given (proposer)
+        found = fake_pb.metrics(name, model="speculative_decoding", **labels)
+        assert found, (name, labels)
+        return sum(m.value() for m in found)
 
     assert value("specdec_requests_total", finish_reason="length") == 4
     assert value("specdec_requests_total", finish_reason="cancelled") == 1
@@ -157,6 +158,10 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     assert value("specdec_accepted_tokens_total") == \
         sum(stat(r, names.TOTAL_ACCEPTED_DRAFT_TOKENS) for r in every)
     assert value("specdec_output_tokens_total") == sum(stat(r, names.NUM_OUTPUT_TOKENS) for r in every)
+    assert value("specdec_draft_tokens_total", proposer="ngram") == \
+        sum(stat(r, names.NGRAM_DRAFT_TOKENS) for r in every)
+    assert value("specdec_accepted_tokens_total", proposer="ngram") == \
+        sum(stat(r, names.NGRAM_ACCEPTED_TOKENS) for r in every)
     drafted_at = [value("specdec_drafted_at_position_total", position=str(j)) for j in range(1, 9)]
     assert sum(drafted_at) == value("specdec_draft_tokens_total")
     assert value("specdec_rounds_total") >= drafted_at[0] >= drafted_at[3] > 0   # k = 3 and 4
@@ -169,7 +174,7 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     assert all(m.value() == 0 for m in fake_pb.metrics("specdec_draft_failures_total"))
     # The live estimates reach their gauges (sent with the counters).
     (a1,) = fake_pb.metrics("specdec_acceptance_estimate", model="speculative_decoding",
-                            position="1")
+                            proposer="draft", position="1")
     (verify,) = fake_pb.metrics("specdec_round_cost_seconds", model="speculative_decoding",
                                 part="verify_call")
     assert 0 < a1.value() < 1 and verify.value() > 0

@@ -364,3 +364,38 @@ def test_release_request_frees_the_slot(serving):
         await drafter.release(77)          # releasing twice is harmless
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("proposer", ["draft", "ngram", "hybrid"])
+def test_every_proposer_gives_the_targets_greedy_output(serving, proposer):
+    orch = serving.orchestrator()
+    repeating = [5, 17, 200, 33, 9, 5, 17, 200, 33, 9, 5, 17]     # lookup finds matches here
+    prompts = [repeating, PROMPTS[2]]
+    plain = [orchestrator_request(p, max_tokens=24, num_draft_tokens=0) for p in prompts]
+    # A fixed k: hybrid then takes every lookup match (auto would weigh it against the draft).
+    spec = [orchestrator_request(p, max_tokens=24, proposer=proposer, num_draft_tokens=4)
+            for p in prompts]
+    run_all(orch, plain + spec)
+    assert [output_ids(r) for r in spec] == [output_ids(r) for r in plain]
+    lookups = sum(int(out(r.sender.responses()[-1], names.NGRAM_DRAFT_TOKENS)[0]) for r in spec)
+    assert (lookups > 0) == (proposer != "draft")
+    assert_all_released(serving)
+
+
+def test_a_server_without_a_draft_serves_lookup_and_names_the_field_otherwise(
+        serving, checkpoints, monkeypatch):
+    from specdec.serving.engine_model import DraftModel
+    from tests.adapters.conftest import engine_config
+    monkeypatch.setenv("SPECDEC_DRAFT_MODEL", "none")
+    disabled = DraftModel(fake_pb, engine_config(checkpoints, "draft"))
+    assert disabled.engine is None
+    fake_pb.register("draft_model", disabled, fake_pb.ModelConfig("draft_model"))
+    orch = serving.orchestrator()
+    ok = orchestrator_request(PROMPTS[0] * 3, max_tokens=16)
+    bad = orchestrator_request(PROMPTS[0], max_tokens=16, proposer="draft")
+    reference = orchestrator_request(PROMPTS[0] * 3, max_tokens=16, num_draft_tokens=0)
+    run_all(orch, [ok, bad, reference])
+    assert output_ids(ok) == output_ids(reference)
+    (error,) = [r.error() for r in bad.sender.responses()]
+    assert error.code() == fake_pb.TritonError.INVALID_ARG
+    assert error.message().startswith("proposer: 'draft' needs a draft model")

@@ -210,3 +210,28 @@ def test_nan_is_not_a_finite_temperature_even_as_python_float():
 def test_prompt_ids_outside_the_vocabulary_are_named(bad_id):
     with pytest.raises(InvalidInput, match=f"^{names.INPUT_IDS}:"):
         parse_request(inputs(prompt=(5, bad_id)), SETTINGS, EOS, VOCAB)
+
+
+def proposer(value):
+    return np.array([value.encode()], object)
+
+
+def test_proposer_defaults_to_hybrid_with_a_draft_and_lookup_without():
+    assert parse_request(inputs(), SETTINGS, EOS, VOCAB)[0].proposer == "hybrid"
+    no_draft = OrchestratorSettings(draft_model_path="none")
+    assert parse_request(inputs(), no_draft, EOS, VOCAB)[0].proposer == "ngram"
+    for p in ("draft", "ngram", "hybrid"):
+        assert parse_request(inputs(proposer=proposer(p)), SETTINGS, EOS, VOCAB)[0].proposer == p
+
+
+@pytest.mark.parametrize("value,settings,message", [
+    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, hybrid"),
+    ("draft", OrchestratorSettings(draft_model_path="none"),
+     "proposer: 'draft' needs a draft model and this server has none"),
+    ("hybrid", OrchestratorSettings(draft_model_path="none"),
+     "proposer: 'hybrid' needs a draft model and this server has none"),
+])
+def test_bad_proposer_is_named(value, settings, message):
+    with pytest.raises(InvalidInput) as e:
+        parse_request(inputs(proposer=proposer(value)), settings, EOS, VOCAB)
+    assert str(e.value).startswith(message)

@@ -178,3 +178,23 @@ def test_attention_and_cuda_graphs(monkeypatch):
     monkeypatch.delenv("SPECDEC_CUDA_GRAPHS")
     with pytest.raises(SettingsError, match="attention 'xformers': expected auto, sdpa or flash"):
         EngineSettings.parse(params(attention="xformers"), "target")
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(default_proposer="lookup"), "default_proposer 'lookup'"),
+    (dict(draft_model_path="none", default_proposer="draft"), "needs a draft model"),
+    (dict(ngram_min_n="3", ngram_max_n="2"), "ngram_min_n"),
+])
+def test_proposer_settings_are_checked(values, message):
+    with pytest.raises(SettingsError, match=message):
+        OrchestratorSettings.parse(params(**values))
+
+
+def test_no_draft_model(monkeypatch):
+    monkeypatch.setenv("SPECDEC_DRAFT_MODEL", "none")
+    s = OrchestratorSettings.parse(params())
+    assert not s.has_draft and s.proposer == "ngram"
+    assert EngineSettings.parse(params(), "draft").disabled
+    with pytest.raises(SettingsError, match="target model cannot be 'none'"):
+        monkeypatch.setenv("SPECDEC_TARGET_MODEL", "none")
+        EngineSettings.parse(params(), "target")

@@ -5,7 +5,7 @@ import torch
 
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import Chunk, Request, speculate
+from specdec.loop import Chunk, Request, open_policy, speculate
 from specdec.policy import Planner
 from specdec.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint, make_draft
@@ -35,7 +35,7 @@ def generate(target: Engine, draft: Engine, requests: list[Request], planner: Pl
 
     async def one(i, req):
         chunks: list[Chunk] = []
-        policy = planner.open(req.num_draft_tokens, req.auto, req.reproducible) if planner else None
+        policy = open_policy(planner, req) if planner else None
         try:
             stats = await speculate(1000 + i, req, drafter, verifier, target.max_len,
                                     chunks.append, policy=policy, **options)

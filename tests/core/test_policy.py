@@ -8,8 +8,8 @@ import random
 import pytest
 
 from specdec.loop import Round
-from specdec.policy import (Choice, LinearFit, Planner, PriorCosts, best_k, Costs,
-                            expected_tokens)
+from specdec.estimates import Costs, LinearFit, PriorCosts, expected_tokens
+from specdec.policy import Choice, Planner, best_k
 
 DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005
 
@@ -204,3 +204,43 @@ def test_frozen_choices_depend_only_on_the_sequences_own_rounds():
         choices.append(ks)
     assert choices[0] == choices[1]
     assert len(set(choices[0])) > 2          # and it does adapt
+
+
+def test_fixed_k_with_hybrid_takes_a_lookup_match_else_the_draft():
+    planner = Planner(8)
+    hybrid = planner.open(4, auto=False, proposers=("ngram", "draft"))
+    assert hybrid.choose(4, {"ngram": 3}) == Choice(3, "", "ngram")
+    assert hybrid.choose(4, {"ngram": 0}) == Choice(4, "", "draft")
+    lookup_only = planner.open(4, auto=False, proposers=("ngram",))
+    assert lookup_only.choose(4, {"ngram": 0}) == Choice(0, "no_match", "ngram")
+
+
+def play_hybrid(policy, accept, offer, rounds, rng):
+    """accept: proposer -> per-token acceptance; offer(i): tokens a lookup has at round i."""
+    used = []
+    for i in range(rounds):
+        c = policy.choose(8, {"ngram": offer(i)})
+        m = 0
+        while m < c.k and rng.random() < accept[c.proposer]:
+            m += 1
+        d = cost(c.k)[0] if c.proposer == "draft" else 0.00002
+        policy.observe(Round(c.k, m, d if c.k else 0.0, cost(c.k)[1], OTHER, False,
+                             1 if c.k else 0, None, 8, c.reason, c.proposer))
+        used.append((c.proposer if c.k else None, c.k))
+    return used
+
+
+def test_auto_hybrid_follows_each_proposers_acceptance():
+    rng = random.Random(7)
+    # Copying text: lookups are right, the draft is mediocre: lookups whenever offered.
+    used = play_hybrid(Planner(8).open(8, auto=True, proposers=("ngram", "draft")),
+                       {"ngram": 0.95, "draft": 0.5}, lambda i: 6 if i % 3 else 0, 300, rng)
+    offered = [u for i, u in enumerate(used) if i % 3 and i > 30]
+    assert sum(p == "ngram" for p, _ in offered) > 0.8 * len(offered)
+    assert all(p == "draft" for i, (p, k) in enumerate(used) if i % 3 == 0 and k)
+    # Free text: lookups match by chance and are wrong; the draft carries.
+    used = play_hybrid(Planner(8).open(8, auto=True, proposers=("ngram", "draft")),
+                       {"ngram": 0.05, "draft": 0.8}, lambda i: 3, 300, rng)
+    late = used[50:]
+    assert sum(p == "draft" for p, _ in late) > 0.85 * len(late)
+    assert 0 < sum(p == "ngram" for p, _ in late) < 0.1 * len(late)   # still probed, rarely

@@ -148,3 +148,25 @@ def test_one_hot_proposals_samples_follow_target(small_pair, proposer, prompt, k
     assert proposed > N and 0.15 < rate < 0.9, (proposed, rate)  # accepts and rejects weigh
     assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt)) > 1e-3
     assert chi_square_p(counts, exact_distribution(small_pair[1], params, prompt)) < 1e-6
+
+
+def test_hybrid_proposals_chosen_per_round_samples_follow_target(small_pair):
+    """Per round, the policy picks prompt lookup (one-hot q) or the sampling draft (its q) and
+    k from what earlier rounds accepted: the output is still exactly the target's."""
+    prompt, params = [0, 3, 4, 0, 3], SamplingParams(temperature=1.0)
+    target, draft = engines(small_pair, max_sequences=N, max_len=16)
+    reqs = [Request(prompt, LENGTH, 2, SamplingParams(1.0, seed=1_000_003 * i + 7), auto=True,
+                    prefill_alone=False, proposer="hybrid") for i in range(N)]
+    planner, rounds = AcceptanceOnly(2), []
+    # A server that has seen one lookup round accept 1 of 2: a new sequence starts with lookup
+    # (nearly free), and after a rejection its own estimate turns it to the draft.
+    planner.acceptance["ngram"].add(2, 1)
+    results = generate(target, draft, reqs, planner=planner, on_round=rounds.append,
+                       ngram=NgramProposer())
+    by = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("draft", "ngram")}
+    assert min(by.values()) > N // 10, by          # both proposers carry weight
+    counts: dict[tuple, int] = {}
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt)) > 1e-3
+    assert chi_square_p(counts, exact_distribution(small_pair[1], params, prompt)) < 1e-6

@@ -110,7 +110,7 @@ class Scripted:
     def __init__(self, ks):
         self.ks = iter(ks)
 
-    def choose(self, limit):
+    def choose(self, limit, offers=None):
         from specdec.policy import Choice
         return Choice(min(next(self.ks), limit), "")
 

@@ -53,16 +53,18 @@ def _ready(http: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
+def launch(tmp_path_factory, env: dict[str, str] | None = None):
+    """A tritonserver on free loopback ports with the embedded pair and `env` (SPECDEC_*) over
+    it; yields it ready, stops it after."""
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+    full.update(env or {})
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "specdec.serving.launch", f"--http-port={http}",
              f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--exit-timeout-secs=10"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not _ready(f"127.0.0.1:{http}"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -75,6 +77,11 @@ def server(tmp_path_factory):
         proc.wait(timeout=40)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    yield from launch(tmp_path_factory)
 
 
 def post(server: Server, path: str, body: dict) -> tuple[int, dict]:

@@ -1,0 +1,146 @@
+"""What the draft-length policy (policy.py) decides from: acceptance by position and the costs of
+a round's parts, estimated online with forgetting and a prior.
+
+    E(k) = 1 + sum_{j <= k} prod_{i <= j} a_i      a_i: acceptance at position i, given i-1 accepted
+    T(k) = propose(k) + verify(k) + other          seconds: the proposer's call, the target's, the loop's
+
+Leviathan et al. (2023, eq. 1) is the special case of equal a_i and T = c*k + 1 target passes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DRAFT, NGRAM = "draft", "ngram"      # proposers: the draft model, prompt lookup (ngram.py)
+PROPOSERS = (DRAFT, NGRAM)
+
+
+def expected_tokens(acceptance: list[float]) -> list[float]:
+    """E(k) for k = 0..len(acceptance): committed tokens from a round of k drafts."""
+    out, reach = [1.0], 1.0
+    for a in acceptance:
+        reach *= a
+        out.append(out[-1] + reach)
+    return out
+
+
+@dataclass
+class LinearFit:
+    """y ~ a + b x by exponentially weighted least squares; `prior` (a, b) holds until the data
+    vary in x, and never fully lets go (ridge), so a fit from one x value stays sane."""
+    prior: tuple[float, float]
+    decay: float = 0.98           # about the last 50 observations count
+    ridge: float = 1.0            # pseudo-observations pulling the slope to the prior's
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+
+    @property
+    def coef(self) -> tuple[float, float]:
+        a0, b0 = self.prior
+        if self.n < 1e-9:
+            return a0, b0
+        mx, my = self.sx / self.n, self.sy / self.n
+        var, cov = self.sxx - self.n * mx * mx, self.sxy - self.n * mx * my
+        # The prior slope scaled to the observed level, so ridge pulls in proportion.
+        level = my / max(a0 + b0 * mx, 1e-12)
+        b = (cov + self.ridge * b0 * level) / (var + self.ridge)
+        b = max(b, 0.0)                     # more tokens never cost less
+        return max(my - b * mx, 0.0), b
+
+    def __call__(self, x: float) -> float:
+        a, b = self.coef
+        return a + b * x
+
+    def level(self) -> float | None:
+        """Observed mean over the prior's prediction at the observed mean x (None: no data)."""
+        if self.n < 1:
+            return None
+        a, b = self.prior
+        return (self.sy / self.n) / max(a + b * self.sx / self.n, 1e-12)
+
+
+@dataclass(frozen=True)
+class PriorCosts:
+    """What a fresh server assumes, in seconds, until it has measured (and what a frozen policy
+    always uses). Relative sizes matter, not units: a draft step a tenth of a verification,
+    fixed call costs that make one drafted token barely pay at the prior acceptance, and a
+    lookup in the orchestrator's own process next to nothing."""
+    draft_call: float = 0.002
+    draft_token: float = 0.001
+    verify_call: float = 0.008
+    verify_token: float = 0.0005
+    other: float = 0.0005
+    ngram_call: float = 0.00002
+    ngram_token: float = 0.000002
+
+
+PRIOR = PriorCosts()
+
+
+@dataclass
+class Costs:
+    """Seconds of a round's parts as functions of k, at one load level."""
+    propose: dict[str, LinearFit]   # per proposer, x = k >= 1: one proposal
+    verify: LinearFit               # x = k: one verification
+    other: LinearFit                # x = 0: the loop's own time between calls
+
+    @classmethod
+    def prior(cls, p: PriorCosts) -> "Costs":
+        return cls({DRAFT: LinearFit((p.draft_call, p.draft_token)),
+                    NGRAM: LinearFit((p.ngram_call, p.ngram_token))},
+                   LinearFit((p.verify_call, p.verify_token)), LinearFit((p.other, 0.0)))
+
+    @property
+    def observations(self) -> float:
+        return self.verify.n
+
+    def propose_s(self, proposer: str, k: int) -> float:
+        fit = self.propose[proposer]
+        level = self.verify.level()
+        if fit.n >= 1 or level is None:
+            return fit(k)
+        # No steady proposal measured yet (a poor draft only ever probes, and a probe catches
+        # up on skipped tokens): the prior's, at the scale the verifications show.
+        return fit(k) * level
+
+    def round_s(self, proposer: str | None, k: int) -> float:
+        return (self.propose_s(proposer, k) if k else 0.0) + self.verify(k) + self.other(0)
+
+
+PRIOR_ACCEPTANCE = {DRAFT: 0.6, NGRAM: 0.5}   # per position, before anything is seen
+PRIOR_WEIGHT = 2.0                            # pseudo-rounds a sequence's own counts start from
+
+
+@dataclass
+class Acceptance:
+    """Per-position acceptance counts with a prior and exponential forgetting.
+
+    A round of k drafts with m accepted reached positions 1..min(m + 1, k) and accepted 1..m."""
+    size: int
+    decay: float
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reached = self.reached or [0.0] * self.size
+        self.accepted = self.accepted or [0.0] * self.size
+
+    def add(self, k: int, m: int) -> None:
+        for j in range(self.size):
+            self.reached[j] *= self.decay
+            self.accepted[j] *= self.decay
+        for j in range(min(m + 1, k, self.size)):
+            self.reached[j] += 1.0
+            if j < m:
+                self.accepted[j] += 1.0
+
+    def rates(self, prior: list[float], weight: float) -> list[float]:
+        return [(a + weight * p) / (r + weight)
+                for a, r, p in zip(self.accepted, self.reached, prior)]
