@@ -26,7 +26,7 @@ class GrpcClient:
         meta = self.client.get_model_metadata("ensemble")
         self.ranks = {i.name: len(i.shape) for i in meta.inputs}
 
-    def _inputs(self, prompt: str, k: int, max_tokens: int) -> list:
+    def _inputs(self, prompt: str, k: int, max_tokens: int, proposer: str | None) -> list:
         import numpy as np
         from tritonclient.grpc import InferInput
         values = (("text_input", "BYTES", np.array([prompt.encode()], object)),
@@ -34,6 +34,8 @@ class GrpcClient:
                   ("max_tokens", "INT32", np.array([max_tokens], np.int32)),
                   ("temperature", "FP32", np.array([0.0], np.float32)),
                   ("num_draft_tokens", "INT32", np.array([k], np.int32)))
+        if proposer is not None:
+            values += (("proposer", "BYTES", np.array([proposer.encode()], object)),)
         out = []
         for name, dtype, arr in values:
             arr = arr.reshape((1,) * self.ranks.get(name, 1))
@@ -43,10 +45,11 @@ class GrpcClient:
         return out
 
     def request(self, prompt: str, index: int, k: int, max_tokens: int,
+                proposer: str | None = None,
                 timeout_s: float = 300.0) -> Req:
         import uuid
         q: queue.Queue = queue.Queue()
-        inputs = self._inputs(prompt, k, max_tokens)
+        inputs = self._inputs(prompt, k, max_tokens, proposer)
         self.client.start_stream(
             callback=lambda result, error: q.put((time.perf_counter(), result, error)))
         try:
@@ -95,8 +98,10 @@ def server_request(url: str, prompt: str, index: int, k: int, max_tokens: int) -
 
 
 def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: int,
-                 concurrency: int, label: str, progress: bool = True) -> tuple[list[Req], float]:
-    """Send prompts through `concurrency` streams; returns (requests, wall seconds)."""
+                 concurrency: int, label: str, progress: bool = True,
+                 proposer: str | None = None) -> tuple[list[Req], float]:
+    """Send prompts through `concurrency` streams; returns (requests, wall seconds).
+    k: num_draft_tokens (-1: auto); proposer: draft, ngram, hybrid (None: the server's)."""
     todo: queue.Queue = queue.Queue()
     for p in prompts:
         todo.put(p)
@@ -117,7 +122,7 @@ def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: i
             except queue.Empty:
                 return
             try:
-                r = client.request(prompt, i, k, max_tokens)
+                r = client.request(prompt, i, k, max_tokens, proposer)
             except BaseException as e:  # reported below, after the other streams stop
                 errors.append(e)
                 return

@@ -1,8 +1,8 @@
 """What the draft-length policy (policy.py) decides from: acceptance by position and the costs of
 a round's parts, estimated online with forgetting and a prior.
 
-    E(k) = 1 + sum_{j <= k} prod_{i <= j} a_i      a_i: acceptance at position i, given i-1 accepted
-    T(k) = propose(k) + verify(k) + other          seconds: the proposer's call, the target's, the loop's
+    E(k) = 1 + sum_{j <= k} prod_{i <= j} a_i   a_i: acceptance at position i, given i-1 accepted
+    T(k) = propose(k) + verify(k) + other       seconds: proposer's call, target's, the loop's own
 
 Leviathan et al. (2023, eq. 1) is the special case of equal a_i and T = c*k + 1 target passes.
 """

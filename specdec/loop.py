@@ -188,7 +188,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     proposal = await asyncio.wait_for(drafters[p].propose(ProposeCall(
                         seq_id, lens[p], committed[lens[p]:], k, req.sampling)),
                         draft_timeout_s if p == DRAFT else None)
-                    k = len(proposal.tokens)  # fewer from a proposer without a guess; 0: target only
+                    k = len(proposal.tokens)  # a lookup may have fewer; 0: target only
                 except Exception as exc:   # the draft is an accelerator, never a dependency
                     failure = _failure_reason(exc)
                     k, lens[p] = 0, 0      # its cache is unknown now: re-prefill next time

@@ -92,8 +92,8 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
         raise InvalidInput(f"{names.TOP_K}: {top_k} must be >= 0 (0 = off)")
     k = int(_scalar(inputs, names.NUM_DRAFT_TOKENS, settings.default_num_draft_tokens))
     if not -1 <= k <= settings.max_draft_tokens:
-        raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside 0..{settings.max_draft_tokens}"
-                           f" (-1 or absent: chosen per round)")
+        raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside "
+                           f"0..{settings.max_draft_tokens} (-1 or absent: chosen per round)")
     auto = k == AUTO
     seed = _scalar(inputs, names.SEED, None)
     reproducible = seed is not None and temperature > 0

@@ -1,19 +1,26 @@
-"""Does the adaptive draft length (specdec/policy.py) never lose? Auto against target-only and
-fixed K, each through its own real tritonserver, greedy, client-side over gRPC streaming.
+"""Side-by-side served comparisons, each setting through a real tritonserver of its scenario's
+own, greedy, client-side over gRPC streaming: does the adaptive draft length (specdec/policy.py)
+never lose, and where do prompt lookup and hybrid proposals (specdec/ngram.py) pay?
 
-Scenarios (each a server of its own; every setting runs `--repeats` times, interleaved, so a
-slow minute of a shared machine does not land on one setting):
+Scenarios (every setting runs `--repeats` times, interleaved, so a slow minute of a shared
+machine does not land on one setting):
   poor     the default target with an untrained draft of the default draft's shape
            (benchmarks/untrained_draft.py, acceptance near 0): K=0, auto, K=4 at 1 and 4 streams
   default  the default pair: K=0, auto and fixed K=2,4,6,8 at 1 stream; K=0 and auto at 16
   capped   the default pair under the earlier fixed load policy (spec_full_below=8,
            spec_off_at=32): K=4 (its default) and K=8 at 16 streams
+  repeat   prompts that ask for text to be repeated (--repeat-prompts): target-only, the draft
+           model, prompt lookup and hybrid (each auto) at 1 and 4 streams
+  free     free generation (--prompts-file): the same four settings
+poor, default and capped draft with the draft model only (proposer=draft), so they show the
+policy alone.
 
 Per setting: tokens/s (one stream: per-request mean; more: aggregate), the ratio to target-only
-in the same scenario, acceptance, k drafted per round, the distribution of the k the policy
-chose and why rounds drafted nothing (server metric deltas).
+in the same scenario, acceptance, k drafted per round and the share proposed by lookup, the
+distribution of the k the policy chose and why rounds drafted nothing (server metric deltas),
+and whether every output equals target-only's.
 
-    .venv/bin/python benchmarks/policy_bench.py [--scenarios poor,default,capped] [--out FILE]
+    .venv/bin/python benchmarks/compare.py [--scenarios poor,default,capped,repeat,free]
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import shlex
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from clients import run_requests
@@ -36,13 +44,27 @@ from untrained_draft import make as make_untrained
 
 AUTO = -1   # num_draft_tokens: chosen per round by the server
 OLD_LOAD_POLICY = {"SPECDEC_SPEC_FULL_BELOW": "8", "SPECDEC_SPEC_OFF_AT": "32"}
-
-
-def label(k: int) -> str:
-    return "auto" if k == AUTO else ("target-only" if k == 0 else f"K={k}")
-
-
 CHOSEN, OFF = "specdec_chosen_draft_tokens_bucket", "specdec_speculation_off_rounds_total"
+DRAFTED = "specdec_draft_tokens_total"
+OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")
+REPEAT_PROMPTS = ROOT / "benchmarks" / "repeating_prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class Setting:
+    k: int                     # num_draft_tokens: 0 target-only, AUTO, or fixed
+    proposer: str = "draft"    # draft, ngram or hybrid
+
+    @property
+    def label(self) -> str:
+        if self.k == 0:
+            return "target-only"
+        k = "auto" if self.k == AUTO else f"K={self.k}"
+        return k if self.proposer == "draft" else f"{self.proposer} {k}"
+
+
+TARGET_ONLY = Setting(0)
+PROPOSERS = [TARGET_ONLY, Setting(AUTO), Setting(AUTO, "ngram"), Setting(AUTO, "hybrid")]
 
 
 def chosen_k(before: dict, after: dict) -> dict[str, float]:
@@ -56,44 +78,55 @@ def chosen_k(before: dict, after: dict) -> dict[str, float]:
     return out
 
 
-def run_setting(server: Server, prompts: list[str], k: int, streams: int, requests: int,
-                max_tokens: int) -> dict:
+def _delta(before: dict, after: dict) -> dict[str, float]:
+    return {key: n - before.get(key, 0.0) for key, n in after.items()}
+
+
+def run_setting(server: Server, prompts: list[str], setting: Setting, streams: int,
+                requests: int, max_tokens: int) -> dict:
     batch = [(i, prompts[i % len(prompts)]) for i in range(requests)]
-    run_requests(server.grpc_url, batch[:streams], k, max_tokens, streams, "warm-up", False)
-    before, hist, off = server.metrics(), server.by_label(CHOSEN, "le"), server.by_label(OFF, "reason")
+    k, proposer = setting.k, setting.proposer
+    run_requests(server.grpc_url, batch[:streams], k, max_tokens, streams, "warm-up", False,
+                 proposer)
+    before = server.metrics()
+    hist, off, by = (server.by_label(CHOSEN, "le"), server.by_label(OFF, "reason"),
+                     server.by_label(DRAFTED, "proposer"))
     reqs, wall = run_requests(server.grpc_url, batch, k, max_tokens, streams,
-                              f"{label(k)} x{streams}", False)
+                              f"{setting.label} x{streams}", False, proposer)
     d = settle_metrics(server, before, sum(r.tokens for r in reqs))
     s = latency_summary(reqs)
-    off_after = server.by_label(OFF, "reason")
+    drafted = _delta(by, server.by_label(DRAFTED, "proposer"))
+    total = sum(drafted.values())
     return {"tokens_per_s": s["tokens_per_s"] if streams == 1 else s["output_tokens"] / wall,
             "output_tokens": s["output_tokens"], "ttft_p50_s": s["ttft_p50_s"],
             "acceptance_rate": acceptance_rate(d), "k_per_round": drafted_per_round(d),
+            "lookup_share": drafted.get("ngram", 0.0) / total if total else None,
             "rounds": d.get("specdec_rounds_total"),
-            "rounds_off": {r: n - off.get(r, 0.0) for r, n in off_after.items()},
+            "rounds_off": _delta(off, server.by_label(OFF, "reason")),
             "chosen_k": chosen_k(hist, server.by_label(CHOSEN, "le")),
             "texts": [r.text for r in reqs]}
 
 
-def scenario(name: str, draft: Path, env: dict, plan: list[tuple[int, int]], args,
+def scenario(name: str, draft: Path, env: dict, plan: list[tuple[Setting, int]], args,
              prompts: list[str]) -> list[dict]:
-    """plan: (k, streams) settings; returns one row per setting, repeats aggregated."""
-    runs: dict[tuple[int, int], list[dict]] = {p: [] for p in plan}
+    """plan: (setting, streams); returns one row per entry, repeats aggregated."""
+    runs: dict[tuple[Setting, int], list[dict]] = {p: [] for p in plan}
     with Server(args.target, draft, max_sequences=16, env=env) as server:
         for rep in range(args.repeats):
-            for k, streams in plan:
-                r = run_setting(server, prompts, k, streams, max(args.requests, streams),
+            for setting, streams in plan:
+                r = run_setting(server, prompts, setting, streams, max(args.requests, streams),
                                 args.max_tokens)
-                runs[(k, streams)].append(r)
-                log(f"{name} {label(k)} x{streams} [{rep + 1}/{args.repeats}]: "
+                runs[(setting, streams)].append(r)
+                log(f"{name} {setting.label} x{streams} [{rep + 1}/{args.repeats}]: "
                     f"{r['tokens_per_s']:.1f} tok/s, k/round {r['k_per_round'] or 0:.2f}")
     rows = []
-    for (k, streams), rs in runs.items():
-        base = runs.get((0, streams))
+    for (setting, streams), rs in runs.items():
+        base = runs.get((TARGET_ONLY, streams))
         tps = [r["tokens_per_s"] for r in rs]
-        row = {"scenario": name, "setting": label(k), "k": k, "streams": streams,
+        row = {"scenario": name, "setting": setting.label, "k": setting.k,
+               "proposer": setting.proposer, "streams": streams,
                "tokens_per_s": sum(tps) / len(tps), "tokens_per_s_runs": tps,
-               "acceptance_rate": rs[-1]["acceptance_rate"],
+               "acceptance_rate": rs[-1]["acceptance_rate"], "lookup_share": rs[-1]["lookup_share"],
                "k_per_round": sum(r["k_per_round"] or 0 for r in rs) / len(rs),
                "chosen_k": _sum_dicts([r["chosen_k"] for r in rs]),
                "rounds_off": _sum_dicts([r["rounds_off"] for r in rs]),
@@ -115,28 +148,48 @@ def _sum_dicts(ds: list[dict]) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"## Adaptive draft length, {report['date']}", "", f"`{report['command']}`", "",
+    lines = [f"## Served comparisons, {report['date']}", "", f"`{report['command']}`", "",
              f"Machine: {report['machine'].get('gpu') or report['machine']['cpu']} "
              f"({report['machine']['cpu_count']} CPUs); commit {report['git'].get('commit')}; "
              f"{report['config']['requests']} requests x {report['config']['max_tokens']} tokens "
              f"per setting and repeat, {report['config']['repeats']} repeats, greedy.", "",
              "| scenario | setting | streams | tok/s | vs target-only | runs | accept | "
-             "k/round | chosen k (rounds) | off: acceptance / down / cap | same text |",
-             "|---|---|---:|---:|---:|---|---:|---:|---|---|---|"]
+             "k/round | lookup | chosen k (rounds) | off: acceptance / down / cap / no match "
+             "| same text |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---|---|---|"]
     for r in report["rows"]:
         dist = " ".join(f"{k}:{int(n)}" for k, n in sorted(r["chosen_k"].items(),
                                                           key=lambda kv: int(kv[0])) if n)
         off = r["rounds_off"]
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        share = "-" if r["lookup_share"] is None else f"{r['lookup_share']:.0%}"
         lines.append(
             f"| {r['scenario']} | {r['setting']} | {r['streams']} | {r['tokens_per_s']:.1f} | "
             f"{r.get('vs_target_only', 0):.2f} | "
-            f"{' / '.join(f'{x:.0f}' for x in r['tokens_per_s_runs'])} | "
-            f"{acc} | "
-            f"{r['k_per_round']:.2f} | {dist or '-'} | "
-            f"{off.get('acceptance', 0):.0f} / {off.get('draft_down', 0):.0f} / "
-            f"{off.get('load_cap', 0):.0f} | {r['same_text_as_target_only']} |")
+            f"{' / '.join(f'{x:.0f}' for x in r['tokens_per_s_runs'])} | {acc} | "
+            f"{r['k_per_round']:.2f} | {share} | {dist or '-'} | "
+            f"{' / '.join(str(int(off.get(x, 0))) for x in OFF_REASONS)}"
+            f" | {r['same_text_as_target_only']} |")
     return "\n".join(lines) + "\n"
+
+
+def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, int]], Path]:
+    """(draft, server env, settings x streams, prompts file) of a scenario."""
+    draft, env, prompts = args.draft, {}, args.prompts_file
+    if name == "poor":
+        draft = make_untrained(args.draft, tmp / "untrained")
+        plan = [(Setting(k), s) for s in (1, 4) for k in (0, AUTO, 4)]
+    elif name == "default":
+        plan = [(Setting(k), 1) for k in (0, AUTO, 2, 4, 6, 8)] + [
+            (TARGET_ONLY, 16), (Setting(AUTO), 16)]
+    elif name == "capped":
+        env, plan = OLD_LOAD_POLICY, [(Setting(4), 16), (Setting(8), 16)]
+    elif name in ("repeat", "free"):
+        plan = [(s, n) for n in (1, 4) for s in PROPOSERS]
+        prompts = args.repeat_prompts if name == "repeat" else args.prompts_file
+    else:
+        raise SystemExit(f"--scenarios: unknown scenario {name!r}")
+    return draft, env, plan, prompts
 
 
 def main(argv=None) -> int:
@@ -144,31 +197,22 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
-    ap.add_argument("--scenarios", default="poor,default,capped")
+    ap.add_argument("--scenarios", default="poor,default,capped,repeat,free")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
+    ap.add_argument("--repeat-prompts", type=Path, default=REPEAT_PROMPTS)
     ap.add_argument("--requests", type=int, default=16, help="per setting and repeat")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "policy_bench.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "compare.json")
     args = ap.parse_args(argv)
     exit_on_sigterm()
-    prompts = load_prompts(args.prompts_file, 64, strict=False)
     started = time.time()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.scenarios.split(","):
-            if name == "poor":
-                draft = make_untrained(args.draft, Path(tmp) / "untrained")
-                rows += scenario(name, draft, {}, [(k, s) for s in (1, 4) for k in (0, AUTO, 4)],
-                                 args, prompts)
-            elif name == "default":
-                plan = [(k, 1) for k in (0, AUTO, 2, 4, 6, 8)] + [(0, 16), (AUTO, 16)]
-                rows += scenario(name, args.draft, {}, plan, args, prompts)
-            elif name == "capped":
-                rows += scenario(name, args.draft, OLD_LOAD_POLICY, [(4, 16), (8, 16)], args,
-                                 prompts)
-            else:
-                raise SystemExit(f"--scenarios: unknown scenario {name!r}")
+            draft, env, plan, prompts_file = plans(name, args, Path(tmp))
+            prompts = load_prompts(prompts_file, 64, strict=False)
+            rows += scenario(name, draft, env, plan, args, prompts)
     for r in rows:   # texts are compared above; the report keeps the figures
         r.pop("texts", None)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
