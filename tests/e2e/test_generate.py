@@ -54,6 +54,9 @@ def test_concurrent_requests_equal_their_single_request_output(server):
         (PROMPTS[0], GenerationParams(max_tokens=32, temperature=1.0, seed=5, num_draft_tokens=4)),
         (PROMPTS[2], GenerationParams(max_tokens=32, temperature=0.8, top_k=20, seed=9,
                                       num_draft_tokens=2)),
+        # Auto k and the default proposer: a seeded request's schedule is its own alone.
+        (PROMPTS[1], GenerationParams(max_tokens=32, temperature=0.9, seed=7)),
+        (PROMPTS[3], GenerationParams(max_tokens=32, temperature=0.0)),
     ]
     alone = [generate(server.http, p, params).text for p, params in cases]
     before = batch_counts(server)
