@@ -50,7 +50,8 @@ def test_engine_mixed_batch_matches_calls_without_q_alone(pair_dir):
     target, _ = engines(pair_dir)
     prompt, drafts = [5, 9, 2, 41, 7], []
     for _ in range(4):  # the target's greedy tokens: likely when sampling too, so some pass
-        drafts += target.verify([VerifyCall(1, 0, prompt + drafts, [], None, SamplingParams())])[0].tokens
+        call = VerifyCall(1, 0, prompt + drafts, [], None, SamplingParams())
+        drafts += target.verify([call])[0].tokens
         target.release([1])
     drafts[2] = (drafts[2] + 1) % 97
     q_other = torch.softmax(torch.randn(4, 97, generator=torch.Generator().manual_seed(0),
@@ -63,5 +64,6 @@ def test_engine_mixed_batch_matches_calls_without_q_alone(pair_dir):
         target.release([1])
         mixed.append(target.verify([call, other])[0])
         target.release([1, 2])
-    assert [(v.tokens, v.num_accepted) for v in alone] == [(v.tokens, v.num_accepted) for v in mixed]
+    assert [(v.tokens, v.num_accepted) for v in alone] == \
+        [(v.tokens, v.num_accepted) for v in mixed]
     assert any(v.num_accepted < len(drafts) for v in alone) and any(v.num_accepted for v in alone)
