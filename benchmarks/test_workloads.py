@@ -1,0 +1,43 @@
+"""The workloads' construction (part of `make test`)."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import workloads  # noqa: E402
+
+SOURCE = '''class A:
+    def area(self, w, h):
+        """Width times height."""
+        s = w * h
+        return s
+
+    async def run(self):
+        await go()
+'''
+
+
+def test_functions_are_dedented_in_line_order():
+    found = workloads.functions([("m.py", SOURCE)])
+    assert [w for w, _ in found] == ["m.py:2", "m.py:7"]
+    assert found[0][1].startswith("def area(self, w, h):\n    \"\"\"Width")
+    assert found[0][1].endswith("return s")
+    assert found[1][1] == "async def run(self):\n    await go()"
+
+
+def test_repeat_prompts_begin_the_function_again():
+    src = workloads.functions([("m.py", SOURCE)])[0][1]
+    again = workloads.repeat_prompt(src, "again")
+    half = workloads.repeat_prompt(src, "half")
+    assert again == src + "\n\n\ndef area(self, w, h):"
+    assert half == src + '\n\n\ndef area(self, w, h):\n    """Width times height."""'
+
+
+def test_committed_workload_repeats_each_function():
+    rows = [json.loads(line) for line in workloads.REPEATING.read_text().splitlines()]
+    assert len(rows) == 32 and {r["kind"] for r in rows} == set(workloads.KINDS)
+    for r in rows:  # a whole function, then its own first line(s) again
+        body, _, start = r["prompt"].partition("\n\n\n")
+        assert body.startswith(start) and start.startswith(body.splitlines()[0])
+
