@@ -1,10 +1,11 @@
-"""The workloads' construction (part of `make test`)."""
+"""The workloads' construction and the proposer benchmark's settings (part of `make test`)."""
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import proposers  # noqa: E402
 import workloads  # noqa: E402
 
 SOURCE = '''class A:
@@ -41,3 +42,9 @@ def test_committed_workload_repeats_each_function():
         body, _, start = r["prompt"].partition("\n\n\n")
         assert body.startswith(start) and start.startswith(body.splitlines()[0])
 
+
+def test_settings_start_with_the_baseline():
+    s = proposers.settings([4, 8])
+    assert s[0] == ("target-only", "draft", 0)
+    assert [(p, k) for _, p, k in s[1:]] == [(p, k) for p in ("draft", "ngram", "hybrid")
+                                              for k in (4, 8)]

@@ -29,8 +29,8 @@ from .engine import Proposal, ProposeCall
 
 # Up to four tokens to pick the right occurrence among several, at least two: a single token (a
 # newline, a comma) recurs everywhere. On the default pair's held-out prompts at K=4, going down
-# to one token proposes twice the tokens (1.72 a round, not 0.87) for 10 % more tokens per round,
-# acceptance falling from 0.60 to 0.39 (benchmarks/proposers.py --min-n 1).
+# to one token proposes twice the tokens (1.71 a round, not 0.86) for 10 % more tokens per round
+# (1.68, not 1.53), acceptance falling from 0.61 to 0.40 (benchmarks/proposers.py --min-n 1).
 MAX_N = 4
 MIN_N = 2
 
