@@ -25,13 +25,15 @@ def engines(pair, dtype=torch.float64, max_sequences=32, max_len=128):
             Engine(load_model(draft, dtype, cpu), max_sequences, max_len, cpu))
 
 
-def generate(target: Engine, draft: Engine, requests: list[Request], planner: Planner | None = None,
-             drafter=None, **options) -> list[tuple[list[int], object]]:
+def generate(target: Engine, draft: Engine | None, requests: list[Request],
+             planner: Planner | None = None, drafter=None, **options) -> list[tuple[list[int], object]]:
     """Run requests concurrently (batched like Triton would); returns (tokens, stats) each.
 
     planner: chooses k per round for requests with `auto` (else each request's exact k).
-    options: more keyword arguments of `speculate` (on_round, draft_timeout_s)."""
-    drafter, verifier = drafter or LocalDrafter(draft), LocalVerifier(target)
+    drafter: the draft model's stand-in (default: the draft engine's; None without one).
+    options: more keyword arguments of `speculate` (on_round, draft_timeout_s, ngram)."""
+    drafter = drafter or (LocalDrafter(draft) if draft else None)
+    verifier = LocalVerifier(target)
 
     async def one(i, req):
         chunks: list[Chunk] = []

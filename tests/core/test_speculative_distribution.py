@@ -134,12 +134,13 @@ class GreedyDraft(LocalDrafter):
 ])
 def test_one_hot_proposals_samples_follow_target(small_pair, proposer, prompt, k, params):
     target, draft = engines(small_pair, max_sequences=N, max_len=16)
-    drafter = NgramProposer() if proposer == "ngram" else GreedyDraft(draft)
+    lookup = proposer == "ngram"
     reqs = [Request(prompt, LENGTH, k, SamplingParams(params.temperature, params.top_k,
                                                       params.top_p, seed=1_000_003 * i + 7),
-                    prefill_alone=False)
+                    prefill_alone=False, proposer="ngram" if lookup else "draft")
             for i in range(N)]
-    results = generate(target, draft, reqs, drafter=drafter)
+    results = generate(target, draft, reqs, drafter=None if lookup else GreedyDraft(draft),
+                       ngram=NgramProposer() if lookup else None)
     counts: dict[tuple, int] = {}
     for tokens, _, _ in results:
         counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
