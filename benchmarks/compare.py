@@ -41,13 +41,13 @@ from machine import git_state, machine
 from progress import log
 from server import Server, acceptance_rate, drafted_per_round, exit_on_sigterm, settle_metrics
 from untrained_draft import make as make_untrained
+from workloads import REPEATING
 
 AUTO = -1   # num_draft_tokens: chosen per round by the server
 OLD_LOAD_POLICY = {"SPECDEC_SPEC_FULL_BELOW": "8", "SPECDEC_SPEC_OFF_AT": "32"}
 CHOSEN, OFF = "specdec_chosen_draft_tokens_bucket", "specdec_speculation_off_rounds_total"
 DRAFTED = "specdec_draft_tokens_total"
 OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")
-REPEAT_PROMPTS = ROOT / "benchmarks" / "repeating_prompts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
     ap.add_argument("--scenarios", default="poor,default,capped,repeat,free")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
-    ap.add_argument("--repeat-prompts", type=Path, default=REPEAT_PROMPTS)
+    ap.add_argument("--repeat-prompts", type=Path, default=REPEATING)
     ap.add_argument("--requests", type=int, default=16, help="per setting and repeat")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
