@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("specdec.tune.cli", "measure a target/draft pair on your prompts: the best K and "
                                  "whether speculation pays"),
+    "distill": ("specdec.distill.cli", "train a draft model from the target itself"),
 }
 
 

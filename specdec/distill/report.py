@@ -1,0 +1,72 @@
+"""The run's report (distill_report.json beside the draft's weights) and its printed summary."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+
+import torch
+
+from ..config import ModelArgs
+from .checks import parameters
+
+ARCH = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+        "vocab_size", "tie_word_embeddings")
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, {os.cpu_count()} CPUs"
+    return f"{os.cpu_count()}-core {platform.machine()} CPU ({torch.get_num_threads()} threads)"
+
+
+def model_summary(a: ModelArgs, trainable: int | None = None) -> dict:
+    total, embedding = parameters(a)
+    out = {k: getattr(a, k) for k in ARCH}
+    out.update(parameters=total, non_embedding_parameters=total - embedding)
+    if trainable is not None:
+        out["trainable_parameters"] = trainable
+    return out
+
+
+def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: int,
+          device: torch.device, sources: dict, history: list, final: dict, seconds: float) -> dict:
+    per_k = final["per_k"]
+    best = final["best_k"]
+    losses = [h["loss"] for h in history if h.get("loss") is not None]
+    return {
+        "command": shlex.join(["specdec", "distill", *sys.argv[2:]]
+                              if sys.argv[1:2] == ["distill"] else sys.argv),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(device),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "device": str(device),
+        "target": {"path": str(args.target), **model_summary(target)},
+        "draft": {"init": init, **model_summary(draft, trainable)},
+        "data": sources,
+        "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+                     "lr": args.lr, "seconds": round(seconds),
+                     "final_loss": losses[-1] if losses else None},
+        "summary": {"a_k4": per_k[4]["a"] if 4 in per_k else None,
+                    "predicted_speedup_k4": per_k[4]["predicted_speedup"] if 4 in per_k else None,
+                    "best_k": best, "a_best_k": per_k[best]["a"],
+                    "predicted_speedup_best_k": per_k[best]["predicted_speedup"],
+                    "c": final["c"]},
+        "heldout": {"prompts": sources["heldout_prompts"], "tokens_per_prompt": args.eval_tokens,
+                    "max_k": args.max_k, **final},
+        "history": history,
+    }
+
+
+def summary(report: dict) -> str:
+    h, first = report["heldout"], report["history"][0]["acceptance"]
+    pos = " ".join(f"{p:.2f}" for p in h["acceptance_by_position"])
+    before = " ".join(f"{p:.2f}" for p in first["acceptance_by_position"])
+    s = report["summary"]
+    return (f"held-out acceptance by position (K={h['max_k']}): {pos}\n"
+            f"  before training (step {report['history'][0]['step']}):   {before}\n"
+            f"c = {s['c']:.3f} (measured on {report['device']}); K=4: a = {s['a_k4']}, predicted "
+            f"speedup {s['predicted_speedup_k4']}x; best K={s['best_k']}: a = {s['a_best_k']}, "
+            f"predicted speedup {s['predicted_speedup_best_k']}x")

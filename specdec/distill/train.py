@@ -1,0 +1,150 @@
+"""KL(target || draft) training: AdamW, linear warmup then cosine decay, checkpoints, resume.
+
+The loss matches the target's whole next-token distribution at every position, not only its
+argmax: a draft token is accepted with probability min(1, p/q), and at temperature 0 when the
+draft's argmax is the target's, both of which the full distribution teaches best (DistillSpec).
+The target runs in specdec's own engine (one copy of its weights, no gradients); the draft is a
+transformers model under bfloat16 autocast with float32 weights.
+
+A checkpoint holds the draft's trainable weights, the optimizer and the step; since each step's
+batch is a function of the seed and the step alone (data.step_batch), a resumed run takes the
+same steps as one that never stopped.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..engine import Engine
+from ..model import Batch
+
+# Tests only: after step N, "interrupt:N" raises KeyboardInterrupt (Ctrl-C), "term:N" sends
+# this process SIGTERM (a plain kill), "crash:N" raises a RuntimeError (a process killed hard:
+# nothing saved beyond the last periodic checkpoint).
+FAULT_ENV = "SPECDEC_DISTILL_TEST_FAULT"
+
+
+def lr_scale(step: int, steps: int, warmup: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to a tenth."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+
+
+def optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss_fn, lr: float) -> float:
+    """One optimizer step at learning rate lr: loss_fn() under bf16 autocast, gradients clipped
+    to norm 1. Returns the loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = loss_fn()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+@torch.no_grad()
+def teacher_hidden(target: Engine, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The target's final hidden states [B, T, D] for whole rows, in slots 0..B-1 of its pool
+    (nothing else is open in it while training)."""
+    b = tokens.shape[0]
+    batch = Batch.build(tokens, [0] * b, list(range(b)), target.cache, target.device,
+                        lengths.tolist())
+    with torch.autocast(target.device.type, enabled=False):   # in its own dtype, as it serves
+        return target.model(batch, target.cache)
+
+
+def kl_loss(draft: torch.nn.Module, target: Engine, tokens: torch.Tensor, lengths: torch.Tensor,
+            chunk: int) -> torch.Tensor:
+    """Mean over real tokens of KL(target || draft), at temperature 1. Rows are right-padded
+    (causal attention: padding never reaches a real token). Logits exist `chunk` tokens at a
+    time, recomputed in backward: a 128k vocabulary would otherwise need V floats per token."""
+    tokens = tokens.to(target.device)
+    real = torch.arange(tokens.shape[1], device=tokens.device) < lengths.to(tokens.device)[:, None]
+    t = teacher_hidden(target, tokens, lengths)[real]                       # [N, Dt]
+    s = draft.model(input_ids=tokens, use_cache=False).last_hidden_state[real]  # [N, Ds]
+    total = sum(checkpoint(_kl_sum, draft.lm_head, target.model, s[i:i + chunk],
+                           t[i:i + chunk], use_reentrant=False)
+                for i in range(0, len(s), chunk))
+    return total / len(s)
+
+
+def _kl_sum(head, teacher, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    student = head(s).float().log_softmax(-1)                               # [n, V]
+    with torch.no_grad():
+        target = teacher.logits(t).log_softmax(-1)
+    return F.kl_div(student, target, log_target=True, reduction="sum")
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Tokens per logits chunk: about 64 MiB of float32 logits per model."""
+    return max(256, 2**24 // vocab)
+
+
+def checkpoint_dirs(work: Path) -> list[Path]:
+    return sorted(p for p in work.glob("step-*") if (p / "state.pt").is_file())
+
+
+def save_checkpoint(work: Path, done: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    history: list) -> Path:
+    """work/step-NNNNNNN/state.pt, written under another name first: a process killed while
+    saving leaves the previous checkpoint whole. Older checkpoints are then removed."""
+    final = work / f"step-{done:07d}"
+    tmp = work / f".tmp-step-{done:07d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    torch.save({"step": done, "model": trainable, "optimizer": opt.state_dict(),
+                "history": history}, tmp / "state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in checkpoint_dirs(work):
+        if old != final:
+            shutil.rmtree(old)
+    return final
+
+
+def load_checkpoint(work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
+                    ) -> tuple[int, list]:
+    """(steps done, history) of the latest checkpoint, loaded into model and opt; (0, [])."""
+    found = checkpoint_dirs(work)
+    if not found:
+        return 0, []
+    state = torch.load(found[-1] / "state.pt")
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and n not in state["model"]]
+    if missing:
+        raise RuntimeError(f"{found[-1]}: checkpoint lacks {missing[:3]}")
+    model.load_state_dict(state["model"], strict=False)
+    opt.load_state_dict(state["optimizer"])
+    return state["step"], state["history"]
+
+
+def fault(done: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    kind, at = spec.split(":")
+    if int(at) == done:
+        if kind == "interrupt":
+            raise KeyboardInterrupt
+        if kind == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)   # the handler raises here
+        raise RuntimeError(f"{FAULT_ENV}: injected crash after step {done}")
