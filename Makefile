@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models clean loadtest bench tune
+.PHONY: serve test install models draft clean loadtest bench tune
 
 install: $(STAMP)
 
@@ -28,6 +28,15 @@ test: $(STAMP)
 # Rebuild the embedded default pair (tokenizer, target, distilled draft) from the stdlib source.
 models: $(STAMP)
 	$(PY) scripts/make_default_models.py
+
+# Train a draft for a target with `specdec distill` (docs/distill.md), e.g.
+#   make draft TARGET=/models/Llama-3.1-8B-Instruct OUT=/models/llama-8b-draft DISTILL_ARGS="--prompts p.jsonl"
+# An interrupted run resumes when the same command is run again.
+TARGET ?= models/default/target
+OUT ?= out/draft
+DISTILL_ARGS ?=
+draft: $(STAMP)
+	$(VENV)/bin/specdec distill --target $(TARGET) --out $(OUT) $(DISTILL_ARGS)
 
 clean:
 	rm -rf $(VENV) .triton .pytest_cache

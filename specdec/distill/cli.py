@@ -149,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         ds = data.build(args, tokenizer, target, eos, bos, args.seq_len - args.gen_tokens,
                         args.seq_len, bar)
+        bar.reset(None)
         bar.set_description("target continues held-out prompts")
         ds.continuations = measure.continuations(target, ds.heldout, args.eval_tokens)
         ds.save(work / "data.pt")
@@ -168,13 +169,14 @@ def _run(args: argparse.Namespace) -> int:
         return measure.measure(target, d, ds.heldout, ds.continuations, args.max_k, timed)
 
     if not history:
+        bar.reset(None)
         bar.set_description("measuring the initial draft")
         history.append({"step": 0, "loss": None, "seconds": 0.0,
                         "acceptance": evaluate(work / "eval", timed=False)})
     bar.reset(args.steps)
     bar.update(done)
     bar.set_description("distill")
-    bar.set_postfix(a4=_a4(history[-1]))
+    bar.set_postfix(a4=_a4(history))
     losses, clock = [], time.time()
     try:
         while done < args.steps:
@@ -184,18 +186,18 @@ def _run(args: argparse.Namespace) -> int:
                 model, target, tokens, lengths, train.chunk_tokens(t_args.vocab_size)), lr))
             done += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=_a4(history[-1]))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=_a4(history))
             train.fault(done)
             if done % args.checkpoint_every == 0 or done == args.steps:
-                history.append(_entry(done, losses, history, clock))
+                history.append(_entry(done, losses, clock))
                 losses, clock = [], time.time()
                 train.save_checkpoint(work, done, model, opt, history)
                 if done < args.steps:   # the last one is measured below, with c
                     history[-1]["acceptance"] = evaluate(work / "eval", timed=False)
-                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=_a4(history[-1]))
+                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=_a4(history))
     except KeyboardInterrupt:
         if losses:   # steps since the last checkpoint: keep them
-            history.append(_entry(done, losses, history, clock))
+            history.append(_entry(done, losses, clock))
             train.save_checkpoint(work, done, model, opt, history)
         raise
     bar.close()
@@ -255,13 +257,14 @@ def _recipe(args, work: Path, resume: bool) -> None:
     file.write_text(json.dumps(recipe, indent=1) + "\n")
 
 
-def _entry(done: int, losses: list[float], history: list, clock: float) -> dict:
+def _entry(done: int, losses: list[float], clock: float) -> dict:
     return {"step": done, "loss": round(sum(losses) / len(losses), 4),
             "seconds": round(time.time() - clock, 1), "acceptance": None}
 
 
-def _a4(entry: dict) -> str:
-    acc = entry.get("acceptance")
+def _a4(history: list) -> str:
+    """The latest measured acceptance rate at K=4 (or the largest K measured)."""
+    acc = next((e["acceptance"] for e in reversed(history) if e["acceptance"]), None)
     if not acc:
         return "-"
     row = acc["per_k"].get(4) or acc["per_k"][max(acc["per_k"])]

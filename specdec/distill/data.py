@@ -22,7 +22,8 @@ from ..loop import Request, speculate
 from ..sampling import SamplingParams
 from .checks import DistillError
 
-HELDOUT_EVERY = 20   # without --heldout, every 20th prompt (5 %) or the corpus' last 5 % is held out
+# Without --heldout, every 20th prompt (5 %), or the corpus' last 5 %, is held out.
+HELDOUT_EVERY = 20
 
 
 @dataclass
@@ -208,6 +209,8 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
             heldout = prompts[::HELDOUT_EVERY]
             prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY]
         sources.update(prompts=str(args.prompts), prompt_source="--prompts")
+    elif args.steps == 0:
+        prompts = []
     elif args.corpus:
         gen = torch.Generator().manual_seed(args.seed)
         prompts = random_windows(stream, gen, args.gen_sequences, args.prompt_tokens).tolist()
@@ -231,6 +234,8 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
         sources["heldout"] = "the target's samples after its BOS token (other seeds)"
     heldout = [p[-max_heldout:] for p in heldout[: args.eval_prompts]]
     rows, lengths = torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    if args.steps == 0:   # the initial draft alone: nothing to train on
+        return Data(rows, lengths, stream, heldout, {**sources, "heldout_prompts": len(heldout)})
     if args.gen_sequences:
         progress.reset(args.gen_sequences)
         progress.set_description("target writes continuations")

@@ -119,8 +119,10 @@ def save(model: torch.nn.Module, target_dir: Path, out: Path, dtype: torch.dtype
     state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    model.config.dtype = dtype
     model.save_pretrained(out, state_dict=state)
+    config = json.loads((out / "config.json").read_text())   # it records the model's float32
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name in TARGET_FILES:
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, out / name)

@@ -5,7 +5,6 @@ import datetime
 import os
 import platform
 import shlex
-import sys
 
 import torch
 
@@ -14,6 +13,18 @@ from .checks import parameters
 
 ARCH = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
         "vocab_size", "tie_word_embeddings")
+
+
+def command(args) -> str:
+    """The run as one command line, every option spelled out (the learning rate resolved)."""
+    parts = ["specdec", "distill"]
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value is not None and value is not False:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
 
 
 def machine(device: torch.device) -> str:
@@ -37,8 +48,7 @@ def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: in
     best = final["best_k"]
     losses = [h["loss"] for h in history if h.get("loss") is not None]
     return {
-        "command": shlex.join(["specdec", "distill", *sys.argv[2:]]
-                              if sys.argv[1:2] == ["distill"] else sys.argv),
+        "command": command(args),
         "date": datetime.date.today().isoformat(),
         "machine": machine(device),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},

@@ -128,7 +128,8 @@ def load_checkpoint(work: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
     if not found:
         return 0, []
     state = torch.load(found[-1] / "state.pt")
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and n not in state["model"]]
+    missing = [n for n, p in model.named_parameters()
+               if p.requires_grad and n not in state["model"]]
     if missing:
         raise RuntimeError(f"{found[-1]}: checkpoint lacks {missing[:3]}")
     model.load_state_dict(state["model"], strict=False)

@@ -28,6 +28,7 @@ def test_output_loads_in_transformers_and_the_engine_with_equal_logits(distilled
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).read_bytes() == (target / name).read_bytes()
     cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dtype"] == "float32"   # the tiny targets' own dtype (the default pair's: bf16)
     assert cfg["num_hidden_layers"] == 2 and cfg["vocab_size"] == json.loads(
         (target / "config.json").read_text())["vocab_size"]
     ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -42,8 +43,8 @@ def test_output_loads_in_transformers_and_the_engine_with_equal_logits(distilled
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     # Training moved the copied layers: the draft is not the target's first and last layers.
     target_state = transformers.AutoModelForCausalLM.from_pretrained(target).state_dict()
-    name = "model.layers.1.mlp.down_proj.weight"
-    assert not torch.equal(ref.state_dict()[name], target_state["model.layers.3.mlp.down_proj.weight"])
+    assert not torch.equal(ref.state_dict()["model.layers.1.mlp.down_proj.weight"],
+                           target_state["model.layers.3.mlp.down_proj.weight"])
 
 
 def test_report_holds_acceptance_by_position_c_and_predicted_speedups(distilled):

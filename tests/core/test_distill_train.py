@@ -14,7 +14,8 @@ def target(tmp_path_factory):
 
 def test_copy_of_every_layer_is_the_target_itself(target, tmp_path):
     assert distill(target, tmp_path / "d", "--layers", "4", "--steps", "0") == 0
-    want, got = load_file(target / "model.safetensors"), load_file(tmp_path / "d" / "model.safetensors")
+    want = load_file(target / "model.safetensors")
+    got = load_file(tmp_path / "d" / "model.safetensors")
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
     # ...so the measurement must find every draft token accepted.
