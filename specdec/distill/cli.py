@@ -236,6 +236,8 @@ def _check_sizes(args, t: ModelArgs, max_len: int) -> None:
                            "--max-k must be >= 1, --steps and --gen-sequences >= 0")
     if args.eval_tokens < 2:
         raise DistillError("--eval-tokens must be >= 2")
+    if args.steps and not args.gen_sequences and not args.corpus:
+        raise DistillError("no training data: --gen-sequences 0 needs a --corpus")
 
 
 def _recipe(args, work: Path, resume: bool) -> None:

@@ -208,6 +208,9 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
         if not args.heldout:
             heldout = prompts[::HELDOUT_EVERY]
             prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY]
+            if not prompts:
+                raise DistillError(f"--prompts {args.prompts}: too few prompts to hold 5 % out "
+                                   f"for measuring; give --heldout FILE")
         sources.update(prompts=str(args.prompts), prompt_source="--prompts")
     elif args.steps == 0:
         prompts = []
@@ -243,7 +246,5 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
                                       args.gen_sequences, args.gen_tokens, args.greedy_fraction,
                                       args.temperature, seed + (1 << 31), eos, progress)
         sources.update(generated_sequences=len(rows), generated_tokens=int(lengths.sum()))
-    if not len(rows) and not len(stream):
-        raise DistillError("no training data: --gen-sequences 0 needs a --corpus")
     sources["heldout_prompts"] = len(heldout)
     return Data(rows, lengths, stream, heldout, sources)

@@ -80,6 +80,8 @@ def kl_loss(draft: torch.nn.Module, target: Engine, tokens: torch.Tensor, length
     real = torch.arange(tokens.shape[1], device=tokens.device) < lengths.to(tokens.device)[:, None]
     t = teacher_hidden(target, tokens, lengths)[real]                       # [N, Dt]
     s = draft.model(input_ids=tokens, use_cache=False).last_hidden_state[real]  # [N, Ds]
+    if len(s) <= chunk:   # one piece: nothing to save by recomputing it in backward
+        return _kl_sum(draft.lm_head, target.model, s, t) / len(s)
     total = sum(checkpoint(_kl_sum, draft.lm_head, target.model, s[i:i + chunk],
                            t[i:i + chunk], use_reentrant=False)
                 for i in range(0, len(s), chunk))
