@@ -40,7 +40,7 @@ class Data:
 
     @classmethod
     def load(cls, path: Path) -> "Data":
-        return cls(**torch.load(path))
+        return cls(**torch.load(path, map_location="cpu"))
 
 
 def read_prompts(path: Path) -> list[str]:

@@ -129,7 +129,7 @@ def load_checkpoint(work: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
     found = checkpoint_dirs(work)
     if not found:
         return 0, []
-    state = torch.load(found[-1] / "state.pt")
+    state = torch.load(found[-1] / "state.pt", map_location="cpu")
     missing = [n for n, p in model.named_parameters()
                if p.requires_grad and n not in state["model"]]
     if missing:
