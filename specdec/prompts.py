@@ -59,5 +59,8 @@ def encode(tokenizer, prompt: str | list[dict]) -> list[int]:
         return tokenizer(prompt)["input_ids"]
     if not getattr(tokenizer, "chat_template", None):
         raise PromptsError("prompts give chat messages, but the tokenizer has no chat template")
-    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    # return_dict=False: transformers 5 returns a BatchEncoding by default, whose list() is
+    # its keys.
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)

@@ -1,10 +1,11 @@
 """Training data from the target itself: its continuations of prompts, and a corpus it scores.
 
 Only token ids are kept; the teacher signal, the target's full distribution at every position,
-is computed each training step (train.kl_loss). Prompts come from --prompts (chat-templated for
-chat models), else random prefixes of --corpus, else the target's own samples after its BOS
-token. The target continues each prompt greedily or by sampling, with specdec's own loop and
-engine: the text the draft is trained on is the text it will be asked to predict when serving.
+is computed each training step (train.kl_loss). Prompts come from --prompts (read by
+specdec.prompts; plain text goes through a chat model's template as a user turn), else random
+prefixes of --corpus, else the target's own samples after its BOS token. The target continues
+each prompt greedily or by sampling, with specdec's own loop and engine: the text the draft is
+trained on is the text it will be asked to predict when serving.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from ..engine import Engine
 from ..local import LocalVerifier
 from ..loop import Request, speculate
+from ..prompts import PromptsError, encode, load_prompts
 from ..sampling import SamplingParams
 from .checks import DistillError
 
@@ -41,24 +43,6 @@ class Data:
     @classmethod
     def load(cls, path: Path) -> "Data":
         return cls(**torch.load(path, map_location="cpu"))
-
-
-def read_prompts(path: Path) -> list[str]:
-    """JSON lines with a "prompt" (or "text") field, else one prompt per non-empty line."""
-    if not path.is_file():
-        raise DistillError(f"{path}: no such prompts file")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if path.suffix == ".jsonl":
-        try:
-            out = [(r := json.loads(line)).get("prompt", r.get("text")) for line in lines]
-        except (json.JSONDecodeError, AttributeError) as e:
-            raise DistillError(f"{path}: not JSON lines of objects: {e}") from None
-        if any(not isinstance(p, str) for p in out):
-            raise DistillError(f"{path}: every line needs a \"prompt\" or \"text\" string")
-        lines = out
-    if not lines:
-        raise DistillError(f"{path}: no prompts")
-    return lines
 
 
 def read_corpus(path: Path) -> list[str]:
@@ -84,13 +68,14 @@ def read_corpus(path: Path) -> list[str]:
     return texts
 
 
-def encode_prompts(tokenizer, texts: list[str], chat: bool) -> list[list[int]]:
-    """Token ids as the server's preprocessing makes them, or as a chat model's user turn."""
-    if chat:
-        return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}],
-                                                   add_generation_prompt=True, tokenize=True,
-                                                   return_dict=False)) for t in texts]
-    return [list(ids) for ids in tokenizer(texts)["input_ids"]]
+def encode_prompts(tokenizer, prompts: list, chat: bool) -> list[list[int]]:
+    """Token ids of prompts as specdec.prompts reads them (text, or chat messages): text as the
+    server's preprocessing makes it, or, for a chat model, as a user turn in its template."""
+    try:
+        return [encode(tokenizer, [{"role": "user", "content": p}] if chat and isinstance(p, str)
+                       else p) for p in prompts]
+    except PromptsError as e:
+        raise DistillError(str(e)) from None
 
 
 def token_stream(tokenizer, texts: list[str], eos: int | None) -> torch.Tensor:
@@ -105,6 +90,16 @@ def random_windows(stream: torch.Tensor, gen: torch.Generator, rows: int,
                    length: int) -> torch.Tensor:
     starts = torch.randint(0, len(stream) - length, (rows, 1), generator=gen)
     return stream[starts + torch.arange(length)]                    # [rows, length]
+
+
+class _NoDraft:
+    """The drafter of requests with no draft tokens: the loop never calls it."""
+
+    async def propose(self, call):
+        raise AssertionError("a request with num_draft_tokens 0 asked for a proposal")
+
+    async def release(self, seq_id: int) -> None:
+        pass
 
 
 class _Recorder(LocalVerifier):
@@ -133,9 +128,8 @@ def generate(engine: Engine, prompts: list[list[int]], max_new: int,
         wave = range(first, min(first + width, len(prompts)))
 
         async def run():
-            # No draft tokens: the loop never calls its drafter.
             await asyncio.gather(*(speculate(
-                i, Request(prompts[i], max_new, 0, sampling[i], eos=eos), None, recorder,
+                i, Request(prompts[i], max_new, 0, sampling[i], eos=eos), _NoDraft(), recorder,
                 engine.max_len, lambda chunk: None) for i in wave))
 
         asyncio.run(run())
@@ -204,7 +198,7 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
         sources.update(corpus=str(args.corpus), corpus_tokens=len(stream))
     heldout = None
     if args.prompts:
-        prompts = encode_prompts(tokenizer, read_prompts(args.prompts), chat)
+        prompts = encode_prompts(tokenizer, _load(args.prompts), chat)
         if not args.heldout:
             heldout = prompts[::HELDOUT_EVERY]
             prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY]
@@ -225,7 +219,7 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
                                   progress)
         sources["prompt_source"] = "the target's samples after its BOS token"
     if args.heldout:
-        heldout = encode_prompts(tokenizer, read_prompts(args.heldout), chat)
+        heldout = encode_prompts(tokenizer, _load(args.heldout), chat)
         sources["heldout"] = str(args.heldout)
     elif heldout is None and held_stream is not None:
         starts = torch.linspace(0, len(held_stream) - args.prompt_tokens, args.eval_prompts)
@@ -248,3 +242,10 @@ def build(args, tokenizer, target: Engine, eos: tuple[int, ...], bos: int, max_p
         sources.update(generated_sequences=len(rows), generated_tokens=int(lengths.sum()))
     sources["heldout_prompts"] = len(heldout)
     return Data(rows, lengths, stream, heldout, sources)
+
+
+def _load(path: Path) -> list:
+    try:
+        return load_prompts(path)
+    except PromptsError as e:
+        raise DistillError(str(e)) from None

@@ -155,9 +155,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from .data import encode_prompts, read_prompts
+    from ..prompts import load_prompts
+    from .data import encode_prompts
     tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
-    prompts = encode_prompts(tokenizer, read_prompts(args.prompts), chat=False)
+    prompts = encode_prompts(tokenizer, load_prompts(args.prompts), chat=False)
     max_len = max(map(len, prompts)) + args.tokens + args.max_k + 1
     target, draft = load_pair(args.target, args.draft, len(prompts), max_len,
                               torch.device(args.device))

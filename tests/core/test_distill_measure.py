@@ -1,5 +1,5 @@
 """The held-out measurement replays specdec's loop exactly; the data helpers read what users
-bring (prompt files, corpora, chat templates)."""
+bring (corpora, prompts for chat models)."""
 import json
 
 import pytest
@@ -57,11 +57,7 @@ def test_acceptance_by_position_and_c_are_measured(measured):
     assert all(0 < r["predicted_speedup"] for r in acc["per_k"].values())
 
 
-def test_prompt_files_and_corpora(tmp_path):
-    (tmp_path / "p.jsonl").write_text('{"prompt": "def f():"}\n\n{"text": "import os"}\n')
-    (tmp_path / "p.txt").write_text("first line\n\nsecond line\n")
-    assert data.read_prompts(tmp_path / "p.jsonl") == ["def f():", "import os"]
-    assert data.read_prompts(tmp_path / "p.txt") == ["first line", "second line"]
+def test_corpora(tmp_path):
     corpus = tmp_path / "corpus"
     (corpus / "sub").mkdir(parents=True)
     (corpus / "a.py").write_text("x = 1\n")
@@ -86,3 +82,6 @@ def test_chat_models_get_their_template(tmp_path):
     ids = data.encode_prompts(tok, ["def f():"], chat=True)[0]
     assert tok.decode(ids) == "<|user|>def f():<|assistant|>"
     assert data.encode_prompts(tok, ["def f():"], chat=False)[0] == tok("def f():")["input_ids"]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert tok.decode(data.encode_prompts(tok, [chat], chat=True)[0]) == \
+        "<|system|>Be brief.<|user|>Hi<|assistant|>"

@@ -25,8 +25,11 @@ def draft(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def distilled_server(tmp_path_factory, draft):
-    yield from launch(tmp_path_factory, {"SPECDEC_DRAFT_MODEL": str(draft),
-                                         "SPECDEC_MAX_SEQUENCES": "2"})
+    # The draft model alone proposes (no prompt lookup beside it), never timed out on a busy
+    # machine: the rounds are then exactly the in-process loop's.
+    yield from launch(tmp_path_factory, {
+        "SPECDEC_DRAFT_MODEL": str(draft), "SPECDEC_MAX_SEQUENCES": "2",
+        "SPECDEC_DEFAULT_PROPOSER": "draft", "SPECDEC_DRAFT_TIMEOUT_S": "600"})
 
 
 def test_server_serves_a_distilled_draft(distilled_server, draft):
