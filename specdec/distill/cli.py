@@ -197,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
                 bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=_a4(history))
     except KeyboardInterrupt:
         if losses:   # steps since the last checkpoint: keep them
-            history.append(_entry(done, losses, clock))
+            history.append({**_entry(done, losses, clock), "interrupted": True})
             train.save_checkpoint(work, done, model, opt, history)
         raise
     bar.close()
