@@ -7,6 +7,7 @@ ORCHESTRATOR = "speculative_decoding"
 DRAFT_MODEL = "draft_model"
 TARGET_MODEL = "target_model"
 POSTPROCESSING = "postprocessing"
+SUPERVISOR = "supervisor"          # restarts draft_model / target_model when their process dies
 
 # Request inputs (TensorRT-LLM / vLLM Triton conventions).
 TEXT_INPUT = "text_input"
@@ -32,6 +33,11 @@ NGRAM_ACCEPTED_TOKENS = "ngram_accepted_tokens"    # of total_accepted_draft_tok
 STATS_OUTPUTS = (NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS, TOTAL_ACCEPTED_DRAFT_TOKENS,
                  ACCEPTANCE_RATE, FINISH_REASON, NGRAM_DRAFT_TOKENS, NGRAM_ACCEPTED_TOKENS)
 
+# Every retryable error (no free slot within queue_timeout_s, a model restarting) has code
+# UNAVAILABLE and a message that contains this: Triton 2.51's HTTP generate endpoints answer
+# 400 for every error (docs/reliability.md), so HTTP clients can only tell it by the message.
+UNAVAILABLE = "UNAVAILABLE:"
+
 # Between pipeline steps.
 INPUT_IDS = "input_ids"            # preprocessing -> orchestrator: prompt token ids
 STOP_IDS = "stop_ids"              # preprocessing -> orchestrator: stop words, flattened ids
@@ -47,3 +53,4 @@ TOKENS = "tokens"                  # committed tokens the model has not cached y
 DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target
 DRAFT_PROBS = "draft_probs"        # draft -> orchestrator -> target: q per drafted position
 VERDICT = "verdict"                # target -> orchestrator: [accepted, tokens...]
+STATUS = "status"                  # supervisor: JSON {model: {up, restarts, last_restart_s, error}}

@@ -7,6 +7,7 @@ from .. import names
 from ..engine import Proposal, ProposeCall, Verdict, VerifyCall
 from . import calls
 from .adapter import ModelCallError
+from .recovery import is_down
 
 
 class _Model:
@@ -21,7 +22,8 @@ class _Model:
         response = await request.async_exec()
         if response.has_error():
             err = response.error()
-            unavailable = err.code() == pb.TritonError.UNAVAILABLE
+            # A model that is down (its process died, or it restarts) is retryable, like a full one.
+            unavailable = err.code() == pb.TritonError.UNAVAILABLE or is_down(err.message())
             raise ModelCallError(f"{self.name}: {err.message()}", unavailable)
         return response
 
@@ -30,6 +32,15 @@ class _Model:
 
     async def release(self, seq_id: int) -> None:
         await self.call(calls.release_inputs(seq_id), [])
+
+
+def ping(pb, model_name: str) -> str | None:
+    """A blocking no-op call (the release of a sequence that is not open): None when the model
+    answered, else its error. For the supervisor's thread, outside the event loop."""
+    tensors = [pb.Tensor(n, v) for n, v in calls.release_inputs(0).items()]
+    response = pb.InferenceRequest(model_name=model_name, inputs=tensors,
+                                   requested_output_names=[]).exec()
+    return response.error().message() if response.has_error() else None
 
 
 class BlsDrafter(_Model):

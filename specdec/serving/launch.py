@@ -5,13 +5,22 @@ stub matching this interpreter goes beside libtriton_python.so; the wheel's bund
 on LD_LIBRARY_PATH; this virtual environment's bin goes first on PATH so the stub finds the
 packages installed here (torch, transformers, specdec).
 
-    python -m specdec.serving.launch [--model-repository DIR] [--http-port 8000] ...
+    python -m specdec.serving.launch [--model-repository DIR] [--address 127.0.0.1] ...
+
+Secure defaults: every endpoint listens on loopback unless `--address` says otherwise. Models
+load and unload only from inside the server: model control is explicit (the orchestrator reloads
+a model whose process died, through the Python backend's model-loading API), and the HTTP and
+gRPC model-repository APIs demand a header whose value is random per start and never shown.
+
+In a container whose image has tritonserver (NVIDIA's), `--tritonserver tritonserver` runs that
+binary with its own backends instead of the nvidia-pytriton wheel's.
 """
 from __future__ import annotations
 
 import argparse
 import filecmp
 import os
+import secrets
 import shutil
 import sys
 import sysconfig
@@ -67,13 +76,30 @@ def environment() -> dict[str, str]:
     return env
 
 
-def command(model_repository: Path, backend_dir: Path, http: int, grpc: int, metrics: int,
-            extra: list[str] = ()) -> list[str]:
+# The header that the model-repository APIs (load, unload, index) demand; see restricted().
+ADMIN_HEADER = "specdec-admin-key"
+
+
+def restricted(key: str) -> list[str]:
+    """Close the HTTP and gRPC model-repository APIs to anyone without `key`."""
+    return [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}"]
+
+
+def command(model_repository: Path, backend_dir: Path | None, http: int, grpc: int, metrics: int,
+            extra: list[str] = (), address: str = "127.0.0.1",
+            tritonserver: str | None = None) -> list[str]:
+    """backend_dir None: the binary's own backend directory (a Triton image)."""
     return [
-        str(pytriton_root() / "bin" / "tritonserver"),
+        tritonserver or str(pytriton_root() / "bin" / "tritonserver"),
         f"--model-repository={model_repository}",
-        f"--backend-directory={backend_dir}",
+        *([f"--backend-directory={backend_dir}"] if backend_dir else []),
+        f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
         f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+        # Explicit control lets the orchestrator reload a model whose stub died; `*` loads every
+        # model at start, as the default mode would.
+        "--model-control-mode=explicit", "--load-model=*",
+        *restricted(secrets.token_urlsafe(24)),
         # Draft probabilities ([K, V] fp32 per sequence) travel through shared memory.
         "--backend-config=python,shm-default-byte-size=16777216",
         "--backend-config=python,shm-growth-byte-size=16777216",
@@ -86,17 +112,27 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
     ap.add_argument("--backend-directory", type=Path, default=REPO_ROOT / ".triton" / "backends")
+    ap.add_argument("--address", default="127.0.0.1",
+                    help="address HTTP, gRPC and metrics listen on (0.0.0.0: every interface)")
+    ap.add_argument("--tritonserver", default=None,
+                    help="a tritonserver binary with its own backends (default: nvidia-pytriton's)")
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     args, extra = ap.parse_known_args(argv)
-    backends = prepare_backends(args.backend_directory)
-    cmd = command(args.model_repository.resolve(), backends.resolve(), args.http_port,
-                  args.grpc_port, args.metrics_port, extra)
-    print(f"tritonserver: HTTP localhost:{args.http_port}  gRPC localhost:{args.grpc_port}  "
-          f"metrics localhost:{args.metrics_port}/metrics  repository {args.model_repository}",
+    if args.tritonserver:
+        binary = shutil.which(args.tritonserver) or args.tritonserver
+        backends, env = None, {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+    else:
+        binary, env = None, environment()
+        backends = prepare_backends(args.backend_directory).resolve()
+    cmd = command(args.model_repository.resolve(), backends, args.http_port, args.grpc_port,
+                  args.metrics_port, extra, args.address, binary)
+    host = args.address
+    print(f"tritonserver: HTTP {host}:{args.http_port}  gRPC {host}:{args.grpc_port}  "
+          f"metrics {host}:{args.metrics_port}/metrics  repository {args.model_repository}",
           flush=True)
-    os.execve(cmd[0], cmd, environment())
+    os.execve(cmd[0], cmd, env)
 
 
 if __name__ == "__main__":

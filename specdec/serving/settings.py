@@ -175,6 +175,38 @@ class OrchestratorSettings:
         return cls(**{**s.__dict__, "target_model_path": path})
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """preprocessing: what one request may send; more is that request's INVALID_ARG, refused
+    before the tokenizer runs (the bytes) or right after it (the tokens)."""
+    max_input_bytes: int = 1 << 20   # text_input plus every stop word, UTF-8 bytes
+    max_prompt_tokens: int = 0       # 0: only the context window (max_seq_len) bounds it
+    max_stop_words: int = 64
+    max_stop_word_bytes: int = 256   # one stop word, UTF-8 bytes
+
+    @classmethod
+    def parse(cls, params: dict) -> "RequestLimits":
+        s = _parse(cls, params)
+        if min(s.max_input_bytes, s.max_stop_words, s.max_stop_word_bytes) < 1 or \
+                s.max_prompt_tokens < 0:
+            raise SettingsError("max_input_bytes, max_stop_words and max_stop_word_bytes must be "
+                                ">= 1, max_prompt_tokens >= 0")
+        return s
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    """supervisor."""
+    health_interval_s: float = 2.0   # ping draft and target this often; restart one that is down
+
+    @classmethod
+    def parse(cls, params: dict) -> "SupervisorSettings":
+        s = _parse(cls, params)
+        if s.health_interval_s <= 0:
+            raise SettingsError("health_interval_s must be > 0")
+        return s
+
+
 def tokenizer_path(params: dict) -> str:
     """preprocessing / postprocessing: $SPECDEC_TOKENIZER, else the target model's directory."""
     raw, _ = _lookup(params, "tokenizer_path", ENV_PREFIX + "TOKENIZER")

@@ -24,6 +24,7 @@ class Server:
     grpc: str
     metrics: str
     log: Path
+    pid: int        # tritonserver's (the launcher execs it)
 
     def metric(self, name: str, **labels) -> float:
         """Sum of a Prometheus sample over series matching the labels."""
@@ -71,7 +72,7 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"tritonserver did not become ready:\n{log.read_text()[-4000:]}")
         time.sleep(1)
-    yield Server(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log)
+    yield Server(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, proc.pid)
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=40)
