@@ -40,6 +40,7 @@ from specdec.names import (  # noqa: E402  (re-exported)
     TOP_P,
     TOTAL_ACCEPTED_DRAFT_TOKENS,
     TOTAL_DRAFT_TOKENS,
+    UNAVAILABLE,
 )
 
 OUTPUTS = (TEXT_OUTPUT,) + STATS_OUTPUTS
@@ -64,6 +65,10 @@ DEFAULT_GRPC_URL = "localhost:8001"
 DEFAULT_TIMEOUT_S = 600.0
 
 
+# Statuses that mean "try again, here later or elsewhere", never "fix the request".
+RETRYABLE_STATUSES = (429, 503, "StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED")
+
+
 class ServerError(Exception):
     """An error reported by the server.
 
@@ -76,6 +81,13 @@ class ServerError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """Overload or a restarting model: the same request may succeed later. Over HTTP the
+        status cannot tell (Triton's generate endpoints answer 400 for every error), so the
+        server's UNAVAILABLE marker in the message decides."""
+        return self.status in RETRYABLE_STATUSES or UNAVAILABLE in self.message
 
     def __str__(self) -> str:
         return f"{self.message} (status {self.status})" if self.status is not None else self.message

@@ -31,6 +31,10 @@ from .api import (
 )
 
 _TRITON_FINAL = "triton_final_response"
+# Asks Triton to end the stream with the error's own gRPC status code (UNAVAILABLE,
+# INVALID_ARGUMENT...) instead of a message without one; one request per stream, so closing
+# the stream on an error loses nothing.
+STATUS_HEADERS = {"triton_grpc_error": "true"}
 
 
 def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
@@ -100,7 +104,7 @@ class _GrpcStream(TextStream):
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._final = False
         self._closed = False
-        client.start_stream(callback=self._on_response)
+        client.start_stream(callback=self._on_response, headers=STATUS_HEADERS)
         try:
             client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
                                       enable_empty_final_response=True)

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from specdec_client import ENSEMBLE, GenerationParams, Result, ServerError
 from specdec_client.api import INPUT_DATATYPES, STOP_WORDS, STREAM, TEXT_INPUT, Collector
-from specdec_client.grpc_transport import outputs_from_infer_result
+from specdec_client.grpc_transport import STATUS_HEADERS, outputs_from_infer_result
 
 _TRITON_FINAL = "triton_final_response"
 
@@ -67,7 +67,8 @@ class GrpcStreamer:
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         finished = False
-        self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        self.client.start_stream(callback=lambda result, error: responses.put((result, error)),
+                                 headers=STATUS_HEADERS)
         try:
             self.client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
                                            enable_empty_final_response=True)

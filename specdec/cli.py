@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("specdec.tune.cli", "measure a target/draft pair on your prompts: the best K and "
                                  "whether speculation pays"),
     "distill": ("specdec.distill.cli", "train a draft model from the target itself"),
+    "probe": ("specdec.serving.probe", "check that every model a request needs answers (probes)"),
 }
 
 

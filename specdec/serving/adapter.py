@@ -6,6 +6,7 @@ import logging
 import numpy as np
 import torch
 
+from .. import names
 from ..config import CheckpointError
 from ..kv_cache import SlotError
 from .requests import InvalidInput
@@ -42,17 +43,21 @@ def torch_output(pb, name: str, t: torch.Tensor):
 
 
 def triton_error(pb, exc: BaseException):
-    """Map our exceptions to Triton error codes (HTTP 400 / 503 / 500)."""
+    """Map our exceptions to Triton error codes: INVALID_ARG, UNAVAILABLE (retryable; the
+    message carries names.UNAVAILABLE), INTERNAL."""
     codes = pb.TritonError
+    message = str(exc)
     if isinstance(exc, InvalidInput):
         code = codes.INVALID_ARG
     elif getattr(exc, "unavailable", False):
         code = codes.UNAVAILABLE
+        if names.UNAVAILABLE not in message:   # not already said by the model it came from
+            message = f"{names.UNAVAILABLE} {message}"
     else:
         code = codes.INTERNAL
         if not isinstance(exc, (SlotError, ModelCallError, CheckpointError)):
             log.exception("request failed", exc_info=exc)
-    return pb.TritonError(str(exc), code)
+    return pb.TritonError(message, code)
 
 
 def error_response(pb, exc: BaseException):

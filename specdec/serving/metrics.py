@@ -18,7 +18,8 @@ from ..loop import Round, Stats
 
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 _RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
-FINISH_REASONS = ("length", "eos", "stop", "cancelled", "error")
+# invalid: refused bad input; unavailable: no slot within queue_timeout_s, or a model restarting.
+FINISH_REASONS = ("length", "eos", "stop", "cancelled", "invalid", "unavailable", "error")
 OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")   # policy.Choice.reason
 FAILURE_REASONS = ("error", "timeout", "unavailable")       # loop.Round.failure
 COST_PARTS = ("draft_call", "draft_token", "verify_call", "verify_token", "other")

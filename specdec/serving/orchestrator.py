@@ -19,7 +19,7 @@ from ..policy import Planner
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .metrics import Metrics
-from .requests import parse_request
+from .requests import InvalidInput, parse_request
 from .settings import OrchestratorSettings
 
 INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS, names.STREAM,
@@ -95,6 +95,9 @@ class Orchestrator:
                 self.metrics.active.set(self.planner.active)
                 self.slots.release()
         except Exception as exc:  # every failure becomes this request's error, never the model's
+            # Bad input and a full or restarting server are the client's to fix or retry.
+            finish = ("invalid" if isinstance(exc, InvalidInput) else
+                      "unavailable" if getattr(exc, "unavailable", False) else "error")
             if not final_sent:
                 sender.send(pb.InferenceResponse(output_tensors=[], error=triton_error(pb, exc)),
                             flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

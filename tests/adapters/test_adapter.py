@@ -31,9 +31,19 @@ E = fake_pb.TritonError
 ])
 def test_error_codes(exc, code):
     err = triton_error(fake_pb, exc)
-    assert err.code() == code and err.message() == str(exc)
+    retryable = code == E.UNAVAILABLE
+    # A client matches the marker where the status is lost (HTTP generate answers 400).
+    assert err.code() == code
+    assert err.message() == (f"{names.UNAVAILABLE} {exc}" if retryable else str(exc))
     response = error_response(fake_pb, exc)
     assert response.has_error() and response.output_tensors() == []
+
+
+def test_the_marker_is_not_repeated():
+    inner = triton_error(fake_pb, SlotError("all 4 sequence slots are in use", unavailable=True))
+    outer = triton_error(fake_pb, ModelCallError(f"target_model: {inner.message()}",
+                                                 unavailable=True))
+    assert outer.message() == f"target_model: {names.UNAVAILABLE} all 4 sequence slots are in use"
 
 
 def test_read_inputs_leaves_absent_ones_out():
@@ -103,3 +113,12 @@ def test_fake_checks_config_types():
         config.check_inputs([fake_pb.Tensor(names.INPUT_IDS, np.array([[1]], np.int32))])
     with pytest.raises(TypeError):
         fake_pb.Tensor("x", [1, 2])
+
+
+def test_the_probe_releases_as_calls_packs_it():
+    """specdec probe stays free of torch: it spells the release call out; it must be this one."""
+    from specdec.serving import probe
+    spelled = {t["name"]: t["data"] for t in probe.INFER[names.TARGET_MODEL]}
+    packed = {n: v.reshape(-1).tolist() for n, v in calls.release_inputs(0).items()}
+    assert spelled == packed
+    assert calls.is_release(calls.release_inputs(0)) and calls.sequence_id(calls.release_inputs(0)) == 0

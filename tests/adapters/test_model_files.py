@@ -152,7 +152,8 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
 
     assert value("specdec_requests_total", finish_reason="length") == 4
     assert value("specdec_requests_total", finish_reason="cancelled") == 1
-    assert value("specdec_requests_total", finish_reason="error") == 1
+    assert value("specdec_requests_total", finish_reason="invalid") == 1   # top_p 2.0
+    assert value("specdec_requests_total", finish_reason="error") == 0
     every = finished + [cancelled[-1], auto[-1]]
     assert value("specdec_draft_tokens_total") == sum(stat(r, names.TOTAL_DRAFT_TOKENS) for r in every)
     assert value("specdec_accepted_tokens_total") == \
