@@ -13,6 +13,8 @@ from .model import FUSED, Transformer, rope_frequencies
 
 # Buffers some older checkpoints carry that this implementation recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Pickle formats: loading one can run any code the file carries. Never loaded.
+_PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -29,6 +31,14 @@ def safetensors_files(path: Path) -> list[Path]:
         return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
+        pickles = sorted(p.name for pattern in _PICKLE_PATTERNS for p in path.glob(pattern))
+        if pickles:
+            raise CheckpointError(
+                f"{path}: weights in pickle format ({', '.join(pickles[:3])}) are refused: loading "
+                f"pickle can run code. Convert them to safetensors once, on a machine you trust: "
+                f"python -c \"from transformers import AutoModelForCausalLM as M; "
+                f"M.from_pretrained('{path}').save_pretrained('{path}-safetensors')\" "
+                f"(then copy the tokenizer files beside them)")
         raise CheckpointError(f"{path}: no *.safetensors weights (only safetensors are loaded)")
     return files
 

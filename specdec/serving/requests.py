@@ -13,7 +13,7 @@ import numpy as np
 from .. import names
 from ..loop import Request
 from ..sampling import SamplingParams
-from .settings import PROPOSERS, OrchestratorSettings
+from .settings import PROPOSERS, OrchestratorSettings, RequestLimits
 
 
 AUTO = -1   # num_draft_tokens: k chosen per round by the policy, up to max_draft_tokens
@@ -64,6 +64,26 @@ def parse_stop_words(inputs: dict) -> list[str]:
     if any(not w for w in words):
         raise InvalidInput(f"{names.STOP_WORDS}: empty stop word")
     return words
+
+
+def check_sizes(text: str, stop_words: list[str], limits: RequestLimits) -> None:
+    """Refuse a request larger than the limits before any tokenizer work."""
+    if len(stop_words) > limits.max_stop_words:
+        raise InvalidInput(f"{names.STOP_WORDS}: {len(stop_words)} words; at most "
+                           f"{limits.max_stop_words}")
+    sizes = [len(w.encode()) for w in stop_words]
+    if sizes and max(sizes) > limits.max_stop_word_bytes:
+        raise InvalidInput(f"{names.STOP_WORDS}: a word of {max(sizes)} bytes; at most "
+                           f"{limits.max_stop_word_bytes}")
+    total = len(text.encode()) + sum(sizes)
+    if total > limits.max_input_bytes:
+        raise InvalidInput(f"{names.TEXT_INPUT}: {total} bytes with the stop words; at most "
+                           f"{limits.max_input_bytes}")
+
+
+def check_prompt_tokens(n: int, limits: RequestLimits) -> None:
+    if limits.max_prompt_tokens and n > limits.max_prompt_tokens:
+        raise InvalidInput(f"{names.TEXT_INPUT}: {n} tokens; at most {limits.max_prompt_tokens}")
 
 
 def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, ...],

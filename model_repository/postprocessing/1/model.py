@@ -3,18 +3,18 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
 
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
 from specdec.serving.detokenize import piece
 from specdec.serving.settings import tokenizer_path
+from specdec.serving.tokenizer import load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args):
         path = tokenizer_path(parameters(json.loads(args["model_config"])))
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tokenizer = load_tokenizer(path)
 
     def _decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=True)

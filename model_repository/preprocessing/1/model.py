@@ -3,18 +3,20 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
 
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
-from specdec.serving.requests import parse_stop_words, parse_text
-from specdec.serving.settings import tokenizer_path
+from specdec.serving.tokenizer import load_tokenizer
+from specdec.serving.requests import (check_prompt_tokens, check_sizes, parse_stop_words,
+                                      parse_text)
+from specdec.serving.settings import RequestLimits, tokenizer_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        path = tokenizer_path(parameters(json.loads(args["model_config"])))
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        params = parameters(json.loads(args["model_config"]))
+        self.limits = RequestLimits.parse(params)
+        self.tokenizer = load_tokenizer(tokenizer_path(params))
 
     def _variants(self, word):
         """Stop words match on token ids: as written, and as a word after a space, which
@@ -29,8 +31,11 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             inputs = read_inputs(pb_utils, request, (names.TEXT_INPUT, names.STOP_WORDS))
-            ids = self.tokenizer(parse_text(inputs))["input_ids"]
-            stops = [ids for w in parse_stop_words(inputs) for ids in self._variants(w)]
+            text, words = parse_text(inputs), parse_stop_words(inputs)
+            check_sizes(text, words, self.limits)
+            ids = self.tokenizer(text)["input_ids"]
+            check_prompt_tokens(len(ids), self.limits)
+            stops = [ids for w in words for ids in self._variants(w)]
         except Exception as exc:
             return error_response(pb_utils, exc)
         out = {
