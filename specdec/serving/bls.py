@@ -22,9 +22,12 @@ class _Model:
         response = await request.async_exec()
         if response.has_error():
             err = response.error()
-            # A model that is down (its process died, or it restarts) is retryable, like a full one.
-            unavailable = err.code() == pb.TritonError.UNAVAILABLE or is_down(err.message())
-            raise ModelCallError(f"{self.name}: {err.message()}", unavailable)
+            # A BLS answer's error code is always INTERNAL (Triton 2.51's Python backend keeps the
+            # message only): a full model says so in the message (adapter.triton_error); a model
+            # that is down (its process died, or it restarts) is retryable too.
+            message = err.message()
+            unavailable = names.UNAVAILABLE in message or is_down(message)
+            raise ModelCallError(f"{self.name}: {message}", unavailable)
         return response
 
     def output(self, response, name: str) -> np.ndarray:

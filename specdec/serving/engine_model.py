@@ -11,7 +11,7 @@ import torch
 from .. import names
 from ..config import ModelArgs
 from ..engine import Engine, Proposal, Verdict
-from . import calls
+from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, read_torch, torch_output
 from .settings import EngineSettings
 
@@ -26,6 +26,7 @@ class _EngineModel:
         self.pb = pb
         s = EngineSettings.parse(parameters(model_config), self.role)
         self.settings = s
+        self.faults = faults.Injector(faults.parse(s.fault))   # tests only; none by default
         self._slot_gauges(pb, 0 if s.disabled else s.max_sequences)
         if s.disabled:   # served without a draft: nothing to load, nothing will call it
             self.engine = None
@@ -49,6 +50,8 @@ class _EngineModel:
             kind=pb.MetricFamily.GAUGE)
         self.slots_total = self.slots_total_family.Metric(labels={"model": f"{self.role}_model"})
         self.slots_total.set(total)
+        self.slots_used.set(0)   # a restarted model takes over its dead predecessor's series
+        self.slots_shown = 0
 
     def execute(self, requests) -> list:
         if self.engine is None:
@@ -57,7 +60,11 @@ class _EngineModel:
         try:
             return self._execute(requests)
         finally:
-            self.slots_used.set(self.engine.pool.active)
+            # Only on change: a metric update is a round trip to the server process, and one
+            # that a kill -9 interrupts takes tritonserver down with it (docs/reliability.md).
+            if self.engine.pool.active != self.slots_shown:
+                self.slots_shown = self.engine.pool.active
+                self.slots_used.set(self.slots_shown)
 
     def _execute(self, requests) -> list:
         pb = self.pb
@@ -74,6 +81,12 @@ class _EngineModel:
                 todo.append(i)
             except Exception as exc:
                 responses[i] = error_response(pb, exc)
+        injected = self.faults.before(len(work))
+        for i, error in zip(todo, injected):
+            if error is not None:
+                responses[i] = error_response(pb, error)
+        work = [w for w, error in zip(work, injected) if error is None]
+        todo = [i for i, error in zip(todo, injected) if error is None]
         for i, result in zip(todo, self.run(work) if work else []):
             if isinstance(result, Exception):
                 responses[i] = error_response(pb, result)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from . import faults
+
 ENV_PREFIX = "SPECDEC_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGET = REPO_ROOT / "models" / "default" / "target"
@@ -75,12 +77,14 @@ class EngineSettings:
     cpu_threads: int = 0          # torch threads on the CPU; 0: half the cores (two models)
     attention: str = "auto"       # auto: flash-attn on CUDA when installed, else SDPA; sdpa; flash
     cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
+    fault: str = ""               # tests only: a fault script (faults.py); $SPECDEC_<ROLE>_FAULT
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
         """role: "target" or "draft"; its path comes from $SPECDEC_TARGET_MODEL / _DRAFT_MODEL."""
         s = _parse(cls, params, {"model_path": f"{ENV_PREFIX}{role.upper()}_MODEL",
-                                 "target_model_path": f"{ENV_PREFIX}TARGET_MODEL"})
+                                 "target_model_path": f"{ENV_PREFIX}TARGET_MODEL",
+                                 "fault": f"{ENV_PREFIX}{role.upper()}_FAULT"})
         path = s.model_path or str(DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT)
         target = s.target_model_path or (path if role == "target" else str(DEFAULT_TARGET))
         if path == NO_DRAFT and role != "draft":
@@ -91,8 +95,12 @@ class EngineSettings:
             raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
         if s.attention not in ("auto", "sdpa", "flash"):
             raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
+        try:
+            faults.parse(s.fault)
+        except ValueError as e:
+            raise SettingsError(f"fault {s.fault!r}: {e}") from None
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
-                   s.attention, s.cuda_graphs)
+                   s.attention, s.cuda_graphs, s.fault)
 
     @property
     def disabled(self) -> bool:

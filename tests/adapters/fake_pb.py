@@ -360,10 +360,19 @@ class InferenceRequest(_Request):
                 if unknown:
                     raise ValueError(f"{self.model_name}: unknown requested outputs {unknown}")
             except ValueError as e:
-                return InferenceResponse(error=TritonError(str(e), TritonError.INVALID_ARG))
+                return InferenceResponse(error=TritonError(str(e)))
         if before_exec is not None:
             await before_exec(self)
-        return await model.submit(self)
+        return _bls_answer(await model.submit(self))
+
+
+def _bls_answer(response: InferenceResponse) -> InferenceResponse:
+    """What the calling model sees: Triton 2.51's Python backend rebuilds a BLS response's error
+    from its message alone (request_executor.cc), so its code is always INTERNAL."""
+    if response.has_error():
+        response = InferenceResponse(response.output_tensors(),
+                                     TritonError(response.error().message()))
+    return response
 
 
 # ---------------------------------------------------------------- decoupled top-level requests

@@ -1,0 +1,76 @@
+"""Fault injection for the end-to-end tests: a setting, never a code patch.
+
+`$SPECDEC_DRAFT_FAULT` (or `_TARGET_`; config.pbtxt parameter `fault`) is a script of steps,
+each applied to that many successive calls (proposals or verifications; releases are never
+faulty), then the model behaves:
+
+    error*2,delay=3*1,unavailable*2    two calls fail (INTERNAL), one answers after 3 s, two
+                                       answer UNAVAILABLE, the rest are normal
+    error                              every call fails (a step without a count never ends)
+
+Read once at load. Tests only: the default is no fault, and a spec that does not parse fails
+the load.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+_STEP = re.compile(r"(error|unavailable|delay=(?P<seconds>[0-9.]+))(\*(?P<count>\d+))?")
+
+
+class InjectedFault(RuntimeError):
+    def __init__(self, message: str, unavailable: bool):
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str              # "error", "unavailable" or "delay"
+    seconds: float = 0.0   # delay
+    count: int = 0         # calls it applies to; 0: every call from here on
+
+
+def parse(spec: str) -> list[Step]:
+    steps = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        m = _STEP.fullmatch(part)
+        if m is None:
+            raise ValueError(f"fault step {part!r}: expected error, unavailable or delay=<s>, "
+                             f"each with an optional *<count>")
+        kind = "delay" if m["seconds"] else m[1]
+        steps.append(Step(kind, float(m["seconds"] or 0), int(m["count"] or 0)))
+    return steps
+
+
+class Injector:
+    """One model's script; `before(n)` runs ahead of a batch of n calls."""
+
+    def __init__(self, steps: list[Step], sleep=time.sleep):
+        self.steps, self.sleep, self.calls = steps, sleep, 0
+
+    def _step(self, call: int) -> Step | None:
+        end = 0
+        for step in self.steps:
+            if step.count == 0:
+                return step
+            end += step.count
+            if call < end:
+                return step
+        return None
+
+    def before(self, n: int) -> list[Exception | None]:
+        """Each of the next n calls' injected error (None: run it); sleeps for delays."""
+        out, delay = [], 0.0
+        for _ in range(n):
+            step = self._step(self.calls)
+            self.calls += 1
+            if step is not None and step.kind == "delay":
+                delay = max(delay, step.seconds)
+            out.append(None if step is None or step.kind == "delay" else InjectedFault(
+                f"injected fault: {step.kind}", step.kind == "unavailable"))
+        if delay:
+            self.sleep(delay)
+        return out
