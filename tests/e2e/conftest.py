@@ -96,6 +96,15 @@ def post(server: Server, path: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def wait_for(predicate, timeout=20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
 def heldout_prompts(n: int) -> list[str]:
     lines = (ROOT / "models" / "default" / "heldout_prompts.jsonl").read_text().splitlines()
     return [json.loads(line)["prompt"] for line in lines[:n]]

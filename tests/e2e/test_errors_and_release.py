@@ -1,11 +1,10 @@
 """Bad input is that request's 400, named; cancelled and finished requests free their slots."""
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from specdec_client import GenerationParams, generate, grpc_stream
-from tests.e2e.conftest import heldout_prompts, post
+from tests.e2e.conftest import heldout_prompts, post, wait_for
 
 GOOD = {"text_input": "def main():", "max_tokens": 8}
 
@@ -70,15 +69,6 @@ def test_bad_requests_do_not_disturb_good_ones(server):
     for body, (status, reply) in zip(bodies, replies):
         assert status == (200 if body is GOOD else 400), reply
     assert generate(server.http, GOOD["text_input"], GenerationParams(max_tokens=8)).text
-
-
-def wait_for(predicate, timeout=20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def test_cancelled_grpc_stream_releases_its_sequence(server):
