@@ -235,3 +235,36 @@ def test_bad_proposer_is_named(value, settings, message):
     with pytest.raises(InvalidInput) as e:
         parse_request(inputs(proposer=proposer(value)), settings, EOS, VOCAB)
     assert str(e.value).startswith(message)
+
+
+# --- limits (preprocessing, before the tokenizer)
+
+def test_sizes_within_the_limits_pass_and_beyond_them_are_named():
+    from specdec.serving.requests import check_prompt_tokens, check_sizes
+    from specdec.serving.settings import RequestLimits
+    limits = RequestLimits(max_input_bytes=20, max_prompt_tokens=5, max_stop_words=2,
+                           max_stop_word_bytes=4)
+    check_sizes("é" * 5, ["ab", "çd"], limits)            # 10 + 2 + 3 bytes
+    check_prompt_tokens(5, limits)
+    for text, words, field, what in [
+            ("x" * 21, [], names.TEXT_INPUT, "21 bytes"),
+            ("x" * 16, ["abc", "de"], names.TEXT_INPUT, "21 bytes"),   # stop words count too
+            ("x", ["a", "b", "c"], names.STOP_WORDS, "3 words"),
+            ("x", ["éé€"], names.STOP_WORDS, "7 bytes")]:            # bytes, not characters
+        with pytest.raises(InvalidInput) as err:
+            check_sizes(text, words, limits)
+        assert str(err.value).startswith(field + ":") and what in str(err.value)
+    with pytest.raises(InvalidInput, match=r"^text_input: 6 tokens; at most 5"):
+        check_prompt_tokens(6, limits)
+    check_prompt_tokens(10**6, RequestLimits())          # 0: only the context window bounds it
+
+
+def test_request_limit_settings(monkeypatch):
+    from specdec.serving.settings import RequestLimits, SettingsError
+    assert RequestLimits.parse({}) == RequestLimits(1 << 20, 0, 64, 256)
+    monkeypatch.setenv("SPECDEC_MAX_STOP_WORDS", "8")
+    assert RequestLimits.parse({"max_input_bytes": {"string_value": "1000"}}) == \
+        RequestLimits(1000, 0, 8, 256)
+    monkeypatch.setenv("SPECDEC_MAX_INPUT_BYTES", "0")
+    with pytest.raises(SettingsError, match="max_input_bytes"):
+        RequestLimits.parse({})
