@@ -60,8 +60,10 @@ class GrpcStreamer:
             tensors.append(tensor)
         return tensors
 
-    def generate(self, prompt: str, params: GenerationParams, timeout: float) -> Result:
-        """Stream one generation to its end; raises ServerError / TimeoutError on failure."""
+    def generate(self, prompt: str, params: GenerationParams, timeout: float,
+                 cancel_after: int = 0) -> Result:
+        """Stream one generation to its end, or cancel it after `cancel_after` text pieces;
+        raises ServerError / TimeoutError on failure."""
         inputs = self.inputs(prompt, params)
         collector = Collector()
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -81,7 +83,9 @@ class GrpcStreamer:
                     raise ServerError(error.message(), error.status())
                 parameters = result.get_response().parameters
                 final = _TRITON_FINAL in parameters and parameters[_TRITON_FINAL].bool_param
-                collector.add(outputs_from_infer_result(result, decoder, final))
+                if collector.add(outputs_from_infer_result(result, decoder, final)) and \
+                        cancel_after and len(collector.pieces) >= cancel_after and not final:
+                    return collector.result(streamed=True, cancelled=True)   # finally cancels
                 if final:
                     finished = True
                     return collector.result(streamed=True)

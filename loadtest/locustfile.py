@@ -95,6 +95,9 @@ def add_arguments(parser) -> None:
                    help="seconds each user waits between its requests. Default 0")
     g.add_argument("--failure-backoff", type=float, default=0.5,
                    help="seconds a user waits after a failed request. Default 0.5")
+    g.add_argument("--cancel-ratio", type=float, default=0.0,
+                   help="fraction of requests the client cancels mid-stream, after 1 to 4 "
+                        "pieces (a success named '... cancelled'). Default 0")
     g.add_argument("--allow-remote", action="store_true", default=False,
                    help="allow a non-loopback --host/--grpc-host (refused by default)")
 
@@ -143,7 +146,7 @@ def on_init(environment, **_kwargs) -> None:
         draft_tokens = parse_k_list(opts.num_draft_tokens, "--num-draft-tokens")
         prompts = load_prompts(opts.prompts or None, opts.max_prompts, opts.prompt_max_chars)
         mix = Mix(prompts, draft_tokens, opts.max_tokens, opts.sampled_ratio, opts.temperature,
-                  opts.top_p, opts.top_k, random.Random(opts.mix_seed))
+                  opts.top_p, opts.top_k, random.Random(opts.mix_seed), opts.cancel_ratio)
         GenerationParams(max_tokens=opts.max_tokens, temperature=opts.temperature,
                          top_p=opts.top_p, top_k=opts.top_k)  # same checks as every request
     except (OSError, ValueError, TypeError) as e:
@@ -191,23 +194,29 @@ class RequestFailed(Exception):
 _REQUEST_ID = re.compile(r"\[request id: [^\]]*\]\s*")
 
 
-def http_call(url: str, prompt: str, params: GenerationParams, timeout: float) -> Result:
+def http_call(url: str, prompt: str, params: GenerationParams, timeout: float,
+              cancel_after: int = 0) -> Result:
     with generate_stream(url, prompt, params, timeout=timeout) as stream:
-        return stream.wait()
+        for i, _ in enumerate(stream, 1):
+            if i == cancel_after:
+                stream.cancel()
+        return stream.result
 
 
 def record(environment, request_type: str, plan: RequestPlan,
-           call: Callable[[str, GenerationParams, float], Result], url: str) -> bool:
-    """Run one streamed request and fire its locust statistics; False when it failed."""
+           call: Callable[[str, GenerationParams, float, int], Result], url: str) -> bool:
+    """Run one streamed request and fire its locust statistics; False when it failed. A request
+    the client cancels succeeds when it ends cancelled; it adds no stream statistics."""
     name = f"K={'auto' if plan.num_draft_tokens is None else plan.num_draft_tokens} {plan.mode}"
+    name += " cancelled" if plan.cancel_after else ""
     context = {"num_draft_tokens": plan.num_draft_tokens, "mode": plan.mode}
     fire = environment.events.request.fire
     start_time = time.time()
     t0 = time.perf_counter()
     result, error = None, None
     try:
-        result = call(plan.prompt, params_of(plan), STATE["timeout"])
-        outcome.check(result)
+        result = call(plan.prompt, params_of(plan), STATE["timeout"], plan.cancel_after)
+        outcome.check(result, cancelled=bool(plan.cancel_after))
     except Exception as e:  # ServerError, NoTokens, a broken or timed-out stream: all failures
         error = RequestFailed(e)
     elapsed_ms = (time.perf_counter() - t0) * 1000.0
@@ -216,7 +225,8 @@ def record(environment, request_type: str, plan: RequestPlan,
          exception=error, context=context, start_time=start_time, url=url)
     if error is not None:
         return False
-
+    if plan.cancel_after:
+        return True
     for kind, value, length in outcome.stream_metrics(result, plan.num_draft_tokens):
         fire(request_type=kind, name=name, response_time=value, response_length=length,
              exception=None, context=context, start_time=start_time, url=url)
@@ -244,8 +254,8 @@ class HttpStreamUser(_StreamUser):
     def generate_stream(self) -> None:
         url = self.host
         self.after(record(self.environment, "SSE", STATE["mix"].next(),
-                          lambda prompt, params, timeout: http_call(url, prompt, params, timeout),
-                          url))
+                          lambda prompt, params, timeout, cancel_after: http_call(
+                              url, prompt, params, timeout, cancel_after), url))
 
 
 class GrpcStreamUser(_StreamUser):

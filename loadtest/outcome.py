@@ -13,8 +13,17 @@ class NoTokens(Exception):
     token (or no text)."""
 
 
-def check(result: Result) -> None:
-    """Raise NoTokens for an answer that is empty without a reason."""
+class NotCancelled(Exception):
+    """The client cancelled mid-stream, yet the result does not say so."""
+
+
+def check(result: Result, cancelled: bool = False) -> None:
+    """Raise NoTokens for an answer that is empty without a reason; NotCancelled when a request
+    the client cancelled did not end cancelled (or ended on its own first: fine, it was short)."""
+    if cancelled:
+        if result.finish_reason not in ("cancelled",) + EARLY_FINISH + ("length",):
+            raise NotCancelled(f"finish_reason {result.finish_reason!r} after a cancel")
+        return
     if result.finish_reason in EARLY_FINISH:
         return
     if not result.num_output_tokens or not result.chunk_times_s:

@@ -104,6 +104,7 @@ class RequestPlan:
     top_p: float
     top_k: int
     seed: int
+    cancel_after: int = 0            # the client cancels after this many pieces; 0: never
 
     @property
     def mode(self) -> str:
@@ -122,10 +123,13 @@ class Mix:
     top_p: float = 0.95
     top_k: int = 0
     rng: random.Random | None = None
+    cancel_ratio: float = 0.0        # fraction of requests cancelled mid-stream (1..4 pieces in)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sampled_ratio <= 1.0:
             raise ValueError(f"sampled ratio must be in [0, 1], got {self.sampled_ratio}")
+        if not 0.0 <= self.cancel_ratio <= 1.0:
+            raise ValueError(f"cancel ratio must be in [0, 1], got {self.cancel_ratio}")
         if self.max_tokens < 1:
             raise ValueError(f"max tokens must be >= 1, got {self.max_tokens}")
         if self.temperature <= 0:
@@ -146,4 +150,7 @@ class Mix:
             top_p=self.top_p,
             top_k=self.top_k,
             seed=self.rng.getrandbits(63),
+            # No draw without cancellations: a seeded mix stays the one it was.
+            cancel_after=(self.rng.randint(1, 4) if self.cancel_ratio
+                          and self.rng.random() < self.cancel_ratio else 0),
         )

@@ -48,3 +48,42 @@ def test_an_empty_answer_ending_on_eos_or_a_stop_word_is_correct(reason):
 def test_an_empty_answer_for_any_other_reason_fails(kw):
     with pytest.raises(NoTokens, match="no output"):
         check(result(**kw))
+
+
+def test_a_cancelled_request_must_end_cancelled_or_on_its_own():
+    from loadtest.outcome import NotCancelled
+    check(result(finish_reason="cancelled"), cancelled=True)
+    check(result(finish_reason="length"), cancelled=True)    # it ended before the cancel
+    with pytest.raises(NotCancelled):
+        check(result(finish_reason=None), cancelled=True)
+
+
+def test_the_mix_cancels_its_share_of_requests_and_keeps_seeded_mixes():
+    import random
+
+    from loadtest.prompts import Mix
+    plain = [Mix(["p"], [4], 8, rng=random.Random(3)).next() for _ in range(50)]
+    same = [Mix(["p"], [4], 8, rng=random.Random(3), cancel_ratio=0.0).next() for _ in range(50)]
+    assert plain == same and not any(p.cancel_after for p in plain)
+    mix = Mix(["p"], [4], 8, rng=random.Random(1), cancel_ratio=0.1)
+    plans = [mix.next() for _ in range(2000)]
+    share = sum(1 for p in plans if p.cancel_after) / len(plans)
+    assert 0.07 < share < 0.13
+    assert {p.cancel_after for p in plans if p.cancel_after} == {1, 2, 3, 4}
+    with pytest.raises(ValueError):
+        Mix(["p"], [4], 8, cancel_ratio=1.5)
+
+
+def test_soak_slope_and_problems():
+    from loadtest.soak import problems, slope_per_min
+    assert slope_per_min([(0, 100.0), (10, 100.5), (20, 101.0)]) == pytest.approx(3.0)
+    assert slope_per_min([(0, 100.0)]) == 0.0
+    good = {"requests": 10, "failures": 0, "leaked_slots": {"draft_model": 0, "target_model": 0},
+            "active_sequences_after": 0, "model_restarts": {"draft_model": 0, "target_model": 0},
+            "restarted_processes": [], "memory": {"target_model": {"slope_mib_per_min": 1.0}}}
+    assert problems(good) == []
+    bad = {**good, "failures": 2, "leaked_slots": {"draft_model": 1, "target_model": 0},
+           "memory": {"target_model": {"slope_mib_per_min": 5.0}}}
+    found = problems(bad)
+    assert len(found) == 3 and "unexpected failures" in found[0] and "target_model" in found[2]
+    assert problems(bad, slope_limit=10.0)[-1].startswith("slots")

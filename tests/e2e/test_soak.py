@@ -1,0 +1,24 @@
+"""The soak's CI minute (loadtest/soak.py; `make soak` runs it for 10 minutes on a server of its
+own): locust at saturation on the session's server, HTTP SSE and gRPC, greedy and sampled, K
+auto/4/0, a tenth of the requests cancelled mid-stream; no unexpected failure, no KV slot left
+held, no server process restarted, memory flat."""
+import importlib.util
+
+import pytest
+
+from loadtest.soak import problems, soak
+
+# A minute with 10-s samples cannot tell a slow leak from warm-up noise: 10 MiB/min here, the
+# 10-minute soak holds 2.
+CI_SLOPE_LIMIT_MIB_PER_MIN = 10.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust is not installed")
+def test_soak_minute(server, tmp_path):
+    users = 2 * int(server.metric("specdec_kv_slots_total", model="target_model"))
+    r = soak(server.http, server.grpc, server.metrics, server.pid, 60, users, tmp_path,
+             max_tokens=32)
+    assert r["locust_exit"] == 0, (tmp_path / "soak_locust.log").read_text()[-3000:]
+    assert r["requests"] >= 2 * users and r["cancelled"] > 0, r
+    assert len(r["memory"]) == 7 and all(m["samples"] >= 6 for m in r["memory"].values()), r
+    assert problems(r, CI_SLOPE_LIMIT_MIB_PER_MIN) == [], r
