@@ -42,11 +42,13 @@ ENV SPECDEC_TARGET_MODEL=/opt/specdec/models/default/target \
 USER 1000:1000
 WORKDIR /opt/specdec
 EXPOSE 8000 8001 8002
-# Models load before Triton opens its ports: a long start period for large checkpoints.
-HEALTHCHECK --start-period=15m --interval=30s --timeout=5s --retries=3 \
-    CMD curl -fsS http://localhost:8000/v2/health/ready || exit 1
-# The base image's entrypoint (nvidia_entrypoint.sh) execs this. Backend config as in launch.py:
-# draft probabilities travel through the Python backend's shared memory.
-CMD ["tritonserver", "--model-repository=/opt/specdec/model_repository", \
-     "--backend-config=python,shm-default-byte-size=16777216", \
-     "--backend-config=python,shm-growth-byte-size=16777216"]
+# Models load before Triton opens its ports: a long start period for large checkpoints. The
+# probe makes every model a request needs run a request (a dead backend process keeps Triton's
+# own /v2/health/ready at 200).
+HEALTHCHECK --start-period=15m --interval=30s --timeout=10s --retries=3 \
+    CMD specdec probe || exit 1
+# The base image's entrypoint (nvidia_entrypoint.sh) execs this: the image's tritonserver with
+# the flags `make serve` uses (launch.py: backend config, explicit model control for the
+# supervisor's restarts, the model-repository APIs closed), on every interface of the container.
+CMD ["python3", "-m", "specdec.serving.launch", "--tritonserver=tritonserver", \
+     "--address=0.0.0.0", "--model-repository=/opt/specdec/model_repository"]

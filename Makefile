@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models draft clean loadtest bench tune
+.PHONY: serve test install models draft clean loadtest bench tune soak
 
 install: $(STAMP)
 
@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[serve,client,test]"
 	touch $(STAMP)
 
+# Loopback only unless asked: make serve ADDRESS=0.0.0.0
+ADDRESS ?= 127.0.0.1
 serve: $(STAMP)
-	$(PY) -m specdec.serving.launch
+	$(PY) -m specdec.serving.launch --address $(ADDRESS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -70,3 +72,10 @@ loadtest: $(STAMP)
 		-u $(USERS) -r $(SPAWN_RATE) -t $(DURATION) --host $(HOST) \
 		$(if $(GRPC_HOST),--grpc-host $(GRPC_HOST)) --num-draft-tokens $(K) --max-tokens $(MAX_TOKENS) \
 		--csv $(REPORTS)/loadtest --html $(REPORTS)/loadtest.html $(LOCUST_ARGS)
+
+# Soak (docs/reliability.md): a server of its own, locust at saturation (HTTP SSE and gRPC,
+# K auto/4/0, a tenth of the requests cancelled), memory of every server process, leaked slots.
+#   make soak SOAK_DURATION=10m
+SOAK_DURATION ?= 10m
+soak: $(STAMP)
+	$(PY) -m loadtest.soak --duration $(SOAK_DURATION) --out $(REPORTS)

@@ -349,6 +349,8 @@ class TextStream(Iterator[str]):
 
 def _error_message(raw: bytes, fallback: str) -> str:
     text = raw.decode("utf-8", "replace").strip()
+    if text.startswith("data:"):   # generate_stream sends its error as one SSE event
+        text = text[len("data:"):].strip()
     try:
         obj = json.loads(text)
     except ValueError:

@@ -141,6 +141,8 @@ def env_names_read_by_code(monkeypatch) -> set[str]:
     for role in ("target", "draft"):
         settings.EngineSettings.parse({}, role)
     settings.OrchestratorSettings.parse({})
+    settings.SupervisorSettings.parse({})
+    settings.RequestLimits.parse({})
     settings.tokenizer_path({})
     assert seen, "settings.py read no environment variable through os.environ: update this spy"
     return seen

@@ -81,23 +81,32 @@ def test_runs_as_a_non_root_user():
     assert last < max(i for i, (w, _) in enumerate(steps) if w == "CMD")
 
 
-def test_cmd_starts_tritonserver_on_the_copied_model_repository():
+def test_cmd_runs_the_launcher_on_the_image_tritonserver_and_copied_repository():
+    """The launcher's flags (backend config, explicit model control, closed repository APIs)
+    are those of `make serve`; in a container it listens on every interface."""
     argv = cmd()
-    assert argv[0] == "tritonserver"
+    assert argv[:3] == ["python3", "-m", "specdec.serving.launch"]
+    assert flag(argv, "--tritonserver") == "tritonserver"
+    assert flag(argv, "--address") == "0.0.0.0"
     repo = flag(argv, "--model-repository")
     assert repo is not None, "CMD has no --model-repository"
     assert repo.rstrip("/") == copy_destination("model_repository")
 
 
-def test_cmd_has_launch_py_backend_config(monkeypatch):
-    """The Python backend shared-memory settings are the ones `make serve` uses."""
-    monkeypatch.setattr(launch, "pytriton_root", lambda: Path("/x"))
-    wanted = [a for a in launch.command(Path("/r"), Path("/b"), 8000, 8001, 8002)
-              if a.startswith("--backend-config=")]
-    assert "--backend-config=python,shm-default-byte-size=16777216" in wanted
-    argv = cmd()
-    for a in wanted:
-        assert a in argv, f"CMD lacks {a} (launch.py passes it)"
+def test_the_launcher_builds_the_image_command():
+    def build():
+        return launch.command(Path("/opt/specdec/model_repository"), None, 8000, 8001, 8002,
+                              address="0.0.0.0", tritonserver="/opt/tritonserver/bin/tritonserver")
+    built = build()
+    assert built[0] == "/opt/tritonserver/bin/tritonserver"
+    assert not any(a.startswith("--backend-directory") for a in built)   # the image's own
+    assert "--backend-config=python,shm-default-byte-size=16777216" in built
+    assert "--model-control-mode=explicit" in built and "--load-model=*" in built
+    for a in ("--http-address=0.0.0.0", "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0"):
+        assert a in built
+    key = [a for a in built if a.startswith("--http-restricted-api=model-repository:")]
+    assert len(key) == 1 and len(key[0].rsplit("=", 1)[1]) >= 24
+    assert key != [a for a in build() if a.startswith("--http-restricted")]   # random per start
 
 
 def test_exposes_http_grpc_metrics():
@@ -125,12 +134,11 @@ def test_default_models_env_points_at_the_copied_pair():
         assert e[var] == f"{root}/{default.relative_to(base).as_posix()}"
 
 
-def test_healthcheck_hits_ready_on_the_http_port():
+def test_healthcheck_probes_the_models():
     (check,) = args_of("HEALTHCHECK")
-    assert "CMD" in check.split()
-    m = re.search(r"https?://(?:localhost|127\.0\.0\.1):(\d+)/v2/health/ready\b", check)
-    assert m, f"HEALTHCHECK {check!r} does not request /v2/health/ready"
-    assert int(m.group(1)) == int(flag(cmd(), "--http-port") or 8000)
+    words = check.split()
+    assert words[words.index("CMD") + 1:words.index("CMD") + 3] == ["specdec", "probe"]
+    assert flag(cmd(), "--http-port") in (None, "8000")   # the probe's default URL
     assert "start-period" in check, "model loading needs a start period"
 
 

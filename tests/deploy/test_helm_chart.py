@@ -144,10 +144,13 @@ def test_deployment_env_names_are_read_by_the_code(monkeypatch):
 def test_deployment_essentials():
     text = (TEMPLATES / "deployment.yaml").read_text()
     assert "nvidia.com/gpu: {{ .Values.gpu.count }}" in text
-    for probe, path in (("startupProbe", "/v2/health/live"), ("readinessProbe", "/v2/health/ready"),
-                        ("livenessProbe", "/v2/health/live")):
-        m = re.search(rf"{probe}:\n\s+httpGet:\n\s+path: (\S+)\n\s+port: http\n", text)
-        assert m and m.group(1) == path, f"{probe} should GET {path} on the http port"
+    m = re.search(r"startupProbe:\n\s+httpGet:\n\s+path: (\S+)\n\s+port: http\n", text)
+    assert m and m.group(1) == "/v2/health/live", "startupProbe should GET /v2/health/live"
+    # Triton's own health endpoints stay 200 with a dead backend process: the models must run.
+    for probe, command in (("readinessProbe", '[specdec, probe, --timeout, "3"]'),
+                           ("livenessProbe", '[specdec, probe, --all, --timeout, "3"]')):
+        m = re.search(rf"{probe}:\n\s+exec:\n\s+command: (.+)\n", text)
+        assert m and m.group(1) == command, f"{probe} should run {command}"
     shm = re.search(r"- name: dshm\n\s+emptyDir:\n\s+medium: Memory\n\s+sizeLimit: (.+)\n", text)
     assert shm and ".Values.shm.sizeLimit" in shm.group(1)
     assert re.search(r"- name: dshm\n\s+mountPath: /dev/shm\n", text)
@@ -163,7 +166,8 @@ def test_server_arguments_match_the_image(monkeypatch):
     v = values()
     assert v["server"]["modelRepository"] == copy_destination("model_repository")
     text = (TEMPLATES / "deployment.yaml").read_text()
-    assert "- tritonserver\n" in text
+    assert "- python3\n            - -m\n            - specdec.serving.launch\n" in text
+    assert "- --tritonserver=tritonserver\n" in text and "- --address=0.0.0.0\n" in text
     assert "- --model-repository={{ .Values.server.modelRepository }}\n" in text
     monkeypatch.setattr(launch, "pytriton_root", lambda: Path("/x"))
     wanted = {a.rpartition("=")[0]: int(a.rpartition("=")[2])
@@ -174,6 +178,32 @@ def test_server_arguments_match_the_image(monkeypatch):
         "--backend-config=python,shm-growth-byte-size": v["server"]["shmGrowthByteSize"]}
     for key in wanted:
         assert f"- {key}={{{{ .Values.server." in text
+
+
+def test_pods_run_non_root_on_a_read_only_root_filesystem():
+    v = values()
+    pod, container = v["podSecurityContext"], v["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["allowPrivilegeEscalation"] is False and container["capabilities"] == \
+        {"drop": ["ALL"]}
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    # What is written goes to memory-backed or empty volumes: /dev/shm, /tmp (and $HOME there).
+    for name, path in (("dshm", "/dev/shm"), ("tmp", "/tmp")):
+        assert re.search(rf"- name: {name}\n\s+mountPath: {path}\n", text)
+    assert re.search(r"- name: HOME\n\s+value: /tmp\n", text)
+
+
+def test_network_policy_is_optional_and_limits_ingress_to_the_serving_ports():
+    v = values()["networkPolicy"]
+    assert v == {"enabled": False, "clients": [], "metricsFrom": [], "egress": []}
+    text = (TEMPLATES / "networkpolicy.yaml").read_text()
+    assert text.startswith("{{- if .Values.networkPolicy.enabled }}")
+    assert "kind: NetworkPolicy" in text and "policyTypes: [Ingress, Egress]" in text
+    assert re.search(r"- ports:\n\s+- port: http\n\s+- port: grpc\n", text)
+    assert re.search(r"- ports:\n\s+- port: metrics\n", text)
+    assert "include \"triton-specdec.selectorLabels\"" in text
 
 
 def test_service_ports():
@@ -245,14 +275,16 @@ def test_helm_template(variant, monkeypatch):
     deploy = kinds["Deployment"]
     pod = deploy["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["args"][0] == "tritonserver"
+    assert c["args"][:3] == ["python3", "-m", "specdec.serving.launch"]
     assert "--backend-config=python,shm-default-byte-size=16777216" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
-    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["readinessProbe"]["exec"]["command"][:2] == ["specdec", "probe"]
+    assert "--all" in c["livenessProbe"]["exec"]["command"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e["value"] for e in c["env"]}
     assert all(isinstance(x, str) and "e+" not in x for x in env.values()), env
     specdec_names = {n for n in env if n.startswith("SPECDEC_")}
+    assert env["HOME"] == "/tmp"
     assert specdec_names <= env_names_read_by_code(monkeypatch)
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"]
