@@ -273,6 +273,12 @@ class GrpcStreamUser(_StreamUser):
                           STATE["grpc"]))
 
 
+def _k_first(name: str) -> tuple:
+    """'K=auto ...' first, then larger K first."""
+    k = name.split()[0][2:]
+    return (0, 0, name) if k == "auto" else (1, -int(k), name)
+
+
 @events.quitting.add_listener
 def print_comparison(environment, **_kwargs) -> None:
     """A compact per-K / per-mode table of the streaming statistics, on stderr."""
@@ -283,7 +289,7 @@ def print_comparison(environment, **_kwargs) -> None:
     for (name, kind), entry in stats.entries.items():
         by_name.setdefault(name, {})[kind] = entry
     rows = []
-    for name in sorted(by_name, key=lambda n: (-int(n.split()[0][2:]), n)):
+    for name in sorted(by_name, key=_k_first):
         e = by_name[name]
         reqs = sum(e[t].num_requests for t in REQUEST_TYPES if t in e)
         fails = sum(e[t].num_failures for t in REQUEST_TYPES if t in e)

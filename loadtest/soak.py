@@ -133,6 +133,8 @@ def locust_command(http: str, grpc: str, out: Path, users: int, duration_s: int,
 def request_counts(out: Path) -> dict[str, int]:
     """Requests, failures and cancelled requests over the SSE and gRPC users."""
     counts = {"requests": 0, "failures": 0, "cancelled": 0}
+    if not (out / "soak_stats.csv").exists():   # locust was killed before writing it
+        return counts
     with open(out / "soak_stats.csv", newline="") as f:
         for row in csv.DictReader(f):
             if row["Type"] in REQUEST_TYPES and row["Name"] != "Aggregated":
@@ -150,11 +152,16 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
     restarts = {m: metric(metrics, "specdec_model_restarts_total", model=m)
                 for m in ("draft_model", "target_model")}
     t0 = time.time()
-    with Sampler(pid, interval_s) as sampler:
-        done = subprocess.run(locust_command(http, grpc, out, users, duration_s, max_tokens,
-                                             list(extra)),
-                              cwd=ROOT, capture_output=True, text=True, timeout=duration_s + 300)
-    (out / "soak_locust.log").write_text(done.stdout + done.stderr)
+    log = out / "soak_locust.log"
+    with Sampler(pid, interval_s) as sampler, open(log, "w") as sink:
+        locust = subprocess.Popen(locust_command(http, grpc, out, users, duration_s, max_tokens,
+                                                 list(extra)),
+                                  cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            exit_code = locust.wait(timeout=duration_s + 120)
+        except subprocess.TimeoutExpired:   # a problem of its own, reported below
+            locust.kill()
+            exit_code = f"did not stop within {duration_s + 120} s"
     deadline = time.monotonic() + 60   # cancelled and last streams drain
     while time.monotonic() < deadline and metric(metrics, "specdec_active_sequences"):
         time.sleep(1)
@@ -169,7 +176,7 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
                         "slope_mib_per_min": round(slope_per_min(steady), 3)}
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
               "duration_s": duration_s, "users": users, "max_tokens": max_tokens,
-              "interval_s": interval_s, "locust_exit": done.returncode,
+              "interval_s": interval_s, "locust_exit": exit_code,
               **request_counts(out), "leaked_slots": leaked,
               "active_sequences_after": metric(metrics, "specdec_active_sequences"),
               "model_restarts": {m: metric(metrics, "specdec_model_restarts_total", model=m) - n
@@ -182,6 +189,8 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
 
 def problems(r: dict, slope_limit: float = RSS_SLOPE_LIMIT_MIB_PER_MIN) -> list[str]:
     out = []
+    if r["locust_exit"] != 0:
+        out.append(f"locust exited {r['locust_exit']} (soak_locust.log)")
     if r["requests"] == 0:
         out.append("no requests were made")
     if r["failures"]:

@@ -78,7 +78,7 @@ def test_soak_slope_and_problems():
     from loadtest.soak import problems, slope_per_min
     assert slope_per_min([(0, 100.0), (10, 100.5), (20, 101.0)]) == pytest.approx(3.0)
     assert slope_per_min([(0, 100.0)]) == 0.0
-    good = {"requests": 10, "failures": 0, "leaked_slots": {"draft_model": 0, "target_model": 0},
+    good = {"locust_exit": 0, "requests": 10, "failures": 0, "leaked_slots": {"draft_model": 0, "target_model": 0},
             "active_sequences_after": 0, "model_restarts": {"draft_model": 0, "target_model": 0},
             "restarted_processes": [], "memory": {"target_model": {"slope_mib_per_min": 1.0}}}
     assert problems(good) == []
@@ -87,3 +87,4 @@ def test_soak_slope_and_problems():
     found = problems(bad)
     assert len(found) == 3 and "unexpected failures" in found[0] and "target_model" in found[2]
     assert problems(bad, slope_limit=10.0)[-1].startswith("slots")
+    assert problems({**good, "locust_exit": "did not stop"})[0].startswith("locust exited")

@@ -1,8 +1,9 @@
 """Faults, overload and dead processes on a real tritonserver of their own (docs/reliability.md).
 
 One server for the module: two sequence slots, a one-second queue, the supervisor checking every
-half second, and a draft whose first calls fail by script (specdec/serving/faults.py). The tests
-run in file order: the script is used up by the first.
+half second, the draft model as the only proposer, and a draft whose first calls fail by script
+(specdec/serving/faults.py). The tests run in file order: the script is used up by the first,
+the last leaves the server broken.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from specdec import names
 from specdec.serving.probe import probe
 from specdec_client import GenerationParams, ServerError, generate, generate_stream, grpc_stream
-from tests.e2e.conftest import heldout_prompts, post, run_server, wait_for
+from tests.e2e.conftest import heldout_prompts, launch, post, wait_for
 
 SLOTS = 2
 FAULTS = "error*2,delay=3*1,unavailable*2"
@@ -27,10 +28,10 @@ PROMPTS = heldout_prompts(3)
 
 @pytest.fixture(scope="module")
 def fault_server(tmp_path_factory):
-    yield from run_server(tmp_path_factory, {
+    yield from launch(tmp_path_factory, {
         "SPECDEC_MAX_SEQUENCES": str(SLOTS), "SPECDEC_QUEUE_TIMEOUT_S": "1",
         "SPECDEC_HEALTH_INTERVAL_S": "0.5", "SPECDEC_DRAFT_TIMEOUT_S": "1",
-        "SPECDEC_DRAFT_FAULT": FAULTS})
+        "SPECDEC_DRAFT_FAULT": FAULTS, "SPECDEC_DEFAULT_PROPOSER": "draft"})
 
 
 def greedy(k: int | None, max_tokens: int = 24) -> GenerationParams:
@@ -210,3 +211,17 @@ def test_kill_the_target_process_while_streams_run(fault_server):
     restart_s = supervisor_state(s)[names.TARGET_MODEL]["last_restart_s"]
     print(f"\ntarget_model: killed; streams ended with an error after {ended_s:.1f} s; "
           f"restarted in {restart_s:.1f} s; serving again {recovered_s:.1f} s after the kill")
+
+
+def test_a_dead_orchestrator_fails_requests_at_once_and_the_probes(fault_server):
+    """kill -9 of the decoupled speculative_decoding's process: requests fail within seconds
+    (never hang) and both probes fail. Nothing restarts it in place (the supervisor restarts
+    only draft and target): liveness replaces the container. Last: the server stays broken."""
+    s = fault_server
+    os.kill(stub_pid(s, names.ORCHESTRATOR), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as err:
+        generate(s.http, PROMPTS[0], greedy(4), timeout=60)
+    assert time.monotonic() - t0 < 15 and "is not healthy" in err.value.message
+    for everything in (False, True):
+        assert probe(f"http://{s.http}", everything, 5)[names.ORCHESTRATOR] is not None

@@ -18,7 +18,9 @@ def test_soak_minute(server, tmp_path):
     users = 2 * int(server.metric("specdec_kv_slots_total", model="target_model"))
     r = soak(server.http, server.grpc, server.metrics, server.pid, 60, users, tmp_path,
              max_tokens=32)
-    assert r["locust_exit"] == 0, (tmp_path / "soak_locust.log").read_text()[-3000:]
+    failures = tmp_path / "soak_failures.csv"
+    assert r["locust_exit"] == 0, (failures.read_text() if failures.exists() else "",
+                                   (tmp_path / "soak_locust.log").read_text()[-2000:])
     assert r["requests"] >= 2 * users and r["cancelled"] > 0, r
     assert len(r["memory"]) == 7 and all(m["samples"] >= 6 for m in r["memory"].values()), r
     assert problems(r, CI_SLOPE_LIMIT_MIB_PER_MIN) == [], r
