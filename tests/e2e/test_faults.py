@@ -150,8 +150,8 @@ def test_kill_the_draft_process_while_streams_run(fault_server):
     with the target's greedy text, target-only while the draft is down; the supervisor restarts
     it and the draft drafts again (the new process knows no sequence: the loop re-prefills)."""
     s = fault_server
-    params = greedy(None, max_tokens=200)
-    reference = [generate(s.http, p, greedy(0, max_tokens=200)).text for p in PROMPTS[:SLOTS]]
+    params = greedy(None, max_tokens=120)
+    reference = [generate(s.http, p, greedy(0, max_tokens=120)).text for p in PROMPTS[:SLOTS]]
     restarts = s.metric("specdec_model_restarts_total", model=names.DRAFT_MODEL)
     old = stub_pid(s, names.DRAFT_MODEL)
     running = streams(s, SLOTS, params)
