@@ -141,6 +141,14 @@ class Acceptance:
             if j < m:
                 self.accepted[j] += 1.0
 
-    def rates(self, prior: list[float], weight: float) -> list[float]:
-        return [(a + weight * p) / (r + weight)
-                for a, r, p in zip(self.accepted, self.reached, prior)]
+    def rates(self, prior: float | list[float], weight: float) -> list[float]:
+        """Acceptance at each position, `weight` pseudo-rounds of the prior mixed in. A list
+        gives each position's prior; a number is position 1's, and each later position's prior
+        is the estimate at the position before it: positions a policy has not yet drafted
+        are assumed to accept like the last one it has, so that k can grow past where it
+        started (conditional acceptance varies little with the position)."""
+        out: list[float] = []
+        for j, (a, r) in enumerate(zip(self.accepted, self.reached)):
+            p = prior[j] if isinstance(prior, list) else (out[-1] if out else prior)
+            out.append((a + weight * p) / (r + weight))
+        return out

@@ -28,6 +28,10 @@ from .estimates import (DRAFT, NGRAM, PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, PRO
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
 _LEVELS = 8
+# Every STRETCH_EVERY-th round that drafts, one token more than the estimates' best: the
+# position beyond is measured now and then, or one unlucky rejection there would keep k below
+# it for as long as the estimate takes to forget.
+STRETCH_EVERY = 8
 
 
 def _level(active: int) -> int:
@@ -86,7 +90,7 @@ class Planner:
             self.probing = policy.probing_draft = False
 
     def server_acceptance(self, proposer: str) -> list[float]:
-        return self.acceptance[proposer].rates([PRIOR_ACCEPTANCE[proposer]] * self.max_k,
+        return self.acceptance[proposer].rates(PRIOR_ACCEPTANCE[proposer],
                                                PRIOR_WEIGHT)
 
     def estimates(self) -> Estimates:
@@ -206,19 +210,22 @@ class Adaptive(Policy):
         super().__init__(planner, proposers, frozen)
         self.cap = cap
         self.own = {p: Acceptance(planner.max_k, decay=0.9) for p in proposers}
-        self.prior = {p: [PRIOR_ACCEPTANCE[p]] * planner.max_k if frozen
-                      else planner.server_acceptance(p) for p in proposers}
         self.off_rounds = {p: 0 for p in proposers}   # rounds offered, not chosen, since a probe
         # Where the server's proposals are rarely accepted, a new sequence waits longer before
         # it probes: about one probe per accepted token the server's rate promises.
         every = planner.probe_every
         self.probe_every = {p: every if frozen else int(min(
-            planner.probe_max, max(every, every / max(self.prior[p][0], 1e-3))))
+            planner.probe_max, max(every, every / max(self.acceptance(p)[0], 1e-3))))
             for p in proposers}
         self.probe: str | None = None   # the proposer this round's k = 1 probes
+        self.drafted_rounds = 0
 
     def acceptance(self, proposer: str) -> list[float]:
-        return self.own[proposer].rates(self.prior[proposer], PRIOR_WEIGHT)
+        """The sequence's own counts over a prior: the server's live estimate (a sequence
+        starts from what the server has seen), or when frozen a constant."""
+        prior = (PRIOR_ACCEPTANCE[proposer] if self.frozen
+                 else self.planner.server_acceptance(proposer))
+        return self.own[proposer].rates(prior, PRIOR_WEIGHT)
 
     def costs(self) -> Costs:
         return self.planner.frozen_costs if self.frozen else self.planner.costs_now()
@@ -261,6 +268,9 @@ class Adaptive(Policy):
                 break
         if k == 0:
             return Choice(0, "acceptance" if offers else why)
+        self.drafted_rounds += 1
+        if self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
+            k = min(k + 1, dict(offers)[p])
         return self._draft(k) if p == DRAFT else Choice(k, "", p)
 
     def observe(self, r) -> None:

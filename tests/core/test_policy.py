@@ -91,6 +91,17 @@ def test_a_good_draft_runs_near_the_best_fixed_k():
     assert rate >= 0.95 * best
 
 
+def test_a_fresh_server_grows_k_past_where_its_prior_starts():
+    # The prior (0.6 per position) starts k low; positions not yet drafted are assumed to accept
+    # like the last drafted one, so a draft accepted 90 % of the time reaches the best k
+    # within a few requests' worth of rounds instead of staying where it began.
+    planner = Planner(8)
+    best = max(range(9), key=lambda k: fixed_rate(0.9, k))
+    ks, _ = play(planner.open(8, auto=True), lambda i: 0.9, 60, random.Random(4))
+    assert ks[0] < best and sum(k >= best - 1 for k in ks[30:]) >= 25
+    assert Planner(8).server_acceptance("draft") == [0.6] * 8
+
+
 def test_probes_give_speculation_back_when_the_text_becomes_predictable():
     planner = Planner(8)
     ks, _ = play(planner.open(8, auto=True), lambda i: 0.0 if i < 150 else 0.95, 300,
