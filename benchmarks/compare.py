@@ -102,8 +102,10 @@ def run_setting(server: Server, prompts: list[str], setting: Setting, streams: i
             "acceptance_rate": acceptance_rate(d), "k_per_round": drafted_per_round(d),
             "lookup_share": drafted.get("ngram", 0.0) / total if total else None,
             "rounds": d.get("specdec_rounds_total"),
-            "rounds_off": _delta(off, server.by_label(OFF, "reason")),
-            "chosen_k": chosen_k(hist, server.by_label(CHOSEN, "le")),
+            "rounds_off": (rounds_off := _delta(off, server.by_label(OFF, "reason"))),
+            # The histogram holds the rounds that drafted; those that chose 0 are the off rounds.
+            "chosen_k": {"0": sum(rounds_off.values()),
+                         **chosen_k(hist, server.by_label(CHOSEN, "le"))},
             "texts": [r.text for r in reqs]}
 
 

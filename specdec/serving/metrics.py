@@ -89,9 +89,12 @@ class Metrics:
                                         "One target_model call (K+1 positions)", _LATENCY_BUCKETS)
         self.round_latency = histogram("specdec_round_latency_seconds",
                                        "Draft + verify of one round", _LATENCY_BUCKETS)
+        # Rounds that chose 0 are counted (by reason) in specdec_speculation_off_rounds_total
+        # instead: a histogram observation is a message per round, and a round that drafts
+        # nothing is where speculation cannot pay for it.
         self.chosen_k = histogram("specdec_chosen_draft_tokens",
-                                  "Draft tokens chosen for a round that allowed some",
-                                  [float(j) for j in range(max_draft_tokens + 1)])
+                                  "Draft tokens chosen for a round that drafted",
+                                  [float(j) for j in range(1, max_draft_tokens + 1)])
         off = family("specdec_speculation_off_rounds_total",
                      "Rounds drafting nothing although the request allowed it, by reason",
                      kinds.COUNTER)
@@ -134,10 +137,10 @@ class Metrics:
         self._count(self.rounds, 1)
         if r.failure:
             self._count(self.draft_failures[r.failure], 1)
-        if r.limit:
+        if r.limit and r.k:
             self.chosen_k.observe(r.k)
-            if r.k == 0 and r.reason:
-                self._count(self.off_rounds[r.reason], 1)
+        elif r.limit and r.reason:
+            self._count(self.off_rounds[r.reason], 1)
         if r.k:
             p = r.proposer
             self._count(self.draft_tokens[p], r.k)

@@ -168,10 +168,11 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     assert value("specdec_rounds_total") >= drafted_at[0] >= drafted_at[3] > 0   # k = 3 and 4
     assert drafted_at[4:] == [0, 0, 0, 0]
     assert value("specdec_active_sequences") == 0
-    # Every round that allowed drafts recorded its chosen k: the 3 + 4 fixed ones among them.
+    # Every round that drafted recorded its chosen k: the 3 + 4 fixed ones among them.
     (chosen,) = fake_pb.metrics("specdec_chosen_draft_tokens", model="speculative_decoding")
     assert chosen.observations.count(4) >= 1 and chosen.observations.count(3) >= 3
     assert sum(chosen.observations) == value("specdec_draft_tokens_total")
+    assert 0 not in chosen.observations
     assert all(m.value() == 0 for m in fake_pb.metrics("specdec_draft_failures_total"))
     # The live estimates reach their gauges (sent with the counters).
     (a1,) = fake_pb.metrics("specdec_acceptance_estimate", model="speculative_decoding",
