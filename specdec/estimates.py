@@ -115,7 +115,10 @@ class Costs:
 
 
 PRIOR_ACCEPTANCE = {DRAFT: 0.6, NGRAM: 0.5}   # per position, before anything is seen
-PRIOR_WEIGHT = 2.0                            # pseudo-rounds a sequence's own counts start from
+PRIOR_WEIGHT = 2.0          # pseudo-rounds of PRIOR_ACCEPTANCE in the server's estimate
+# Pseudo-rounds of the server's estimate in a sequence's own (with the sequence's forgetting,
+# 0.97 a round, they keep its estimate from chasing a few rounds' luck where E(k)/T(k) is flat).
+SEQUENCE_WEIGHT = 4.0
 
 
 @dataclass

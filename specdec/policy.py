@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from .estimates import (DRAFT, NGRAM, PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, PROPOSERS,
-                        Acceptance, Costs, PriorCosts, expected_tokens)
+                        SEQUENCE_WEIGHT, Acceptance, Costs, PriorCosts, expected_tokens)
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
 _LEVELS = 8
@@ -209,7 +209,7 @@ class Adaptive(Policy):
     def __init__(self, planner: Planner, proposers: tuple[str, ...], cap: int, frozen: bool):
         super().__init__(planner, proposers, frozen)
         self.cap = cap
-        self.own = {p: Acceptance(planner.max_k, decay=0.9) for p in proposers}
+        self.own = {p: Acceptance(planner.max_k, decay=0.97) for p in proposers}
         self.off_rounds = {p: 0 for p in proposers}   # rounds offered, not chosen, since a probe
         # Where the server's proposals are rarely accepted, a new sequence waits longer before
         # it probes: about one probe per accepted token the server's rate promises.
@@ -225,7 +225,7 @@ class Adaptive(Policy):
         starts from what the server has seen), or when frozen a constant."""
         prior = (PRIOR_ACCEPTANCE[proposer] if self.frozen
                  else self.planner.server_acceptance(proposer))
-        return self.own[proposer].rates(prior, PRIOR_WEIGHT)
+        return self.own[proposer].rates(prior, SEQUENCE_WEIGHT)
 
     def costs(self) -> Costs:
         return self.planner.frozen_costs if self.frozen else self.planner.costs_now()
