@@ -87,7 +87,11 @@ def server(tmp_path_factory):
 
 def post(server: Server, path: str, body: dict) -> tuple[int, dict]:
     """Raw HTTP, for what the client would refuse to send."""
-    req = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
+    return post_raw(server, path, json.dumps(body).encode())
+
+
+def post_raw(server: Server, path: str, data: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://{server.http}{path}", data=data,
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:

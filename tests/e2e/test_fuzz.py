@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import queue
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -24,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 from specdec import names  # noqa: E402
 from specdec.serving.probe import probe  # noqa: E402
 from specdec_client import GenerationParams, generate  # noqa: E402
-from tests.e2e.conftest import heldout_prompts, wait_for  # noqa: E402
+from tests.e2e.conftest import heldout_prompts, post_raw, wait_for  # noqa: E402
 
 FIELDS = (names.TEXT_INPUT, names.MAX_TOKENS, names.STREAM, names.TEMPERATURE, names.TOP_P,
           names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS, names.STOP_WORDS)
@@ -47,16 +45,6 @@ bodies = st.fixed_dictionaries(
     optional={**{f: values for f in FIELDS[1:]}, names.STOP_WORDS: st.one_of(stop_words, values),
               names.MAX_TOKENS: st.one_of(st.integers(1, 8), values),
               "extra": values})
-
-
-def post_raw(server, path: str, data: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://{server.http}{path}", data=data,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def assert_refused_or_served(status: int, reply: dict) -> None:
