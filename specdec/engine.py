@@ -227,6 +227,11 @@ class Engine:
             self.pool.release(seq_id)
 
 
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA; float32 on the CPU, whose bf16 kernels are slow at small batch."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def _free_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]

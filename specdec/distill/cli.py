@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config import CheckpointError, ModelArgs
-from ..engine import Engine
+from ..engine import Engine, default_dtype
 from . import checks, data, draft, measure, report, train
 from .checks import WORK, DistillError
 
@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     resume = checks.output_dir(args.out, args.overwrite)
     slots = max(2 * args.batch, GEN_BATCH, args.eval_prompts)
     freeze = idx is not None and not args.train_embeddings
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)
     parts = checks.memory_needed(t_args, d_args, not freeze, args.batch, args.seq_len, slots,
                                  max_len, dtype, train.chunk_tokens(t_args.vocab_size))
     checks.memory(parts, device, args.batch, args.seq_len)

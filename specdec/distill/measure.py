@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine import Engine, ProposeCall, VerifyCall
+from ..engine import Engine, ProposeCall, VerifyCall, default_dtype
 from ..sampling import SamplingParams
 from .data import generate
 
@@ -136,7 +136,7 @@ def measure(target: Engine, draft: Engine, prompts: list[list[int]], conts: list
 def load_pair(target: Path, draft: Path, slots: int, max_len: int, device: torch.device
               ) -> tuple[Engine, Engine]:
     """Both engines as the server loads them: bfloat16 on CUDA, float32 on the CPU."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)
     t = Engine.load(str(target), slots, max_len, dtype, device, cuda_graphs=False)
     d = Engine.load(str(draft), slots, max_len, dtype, device, vocab_size=t.vocab_size,
                     cuda_graphs=False)

@@ -120,7 +120,8 @@ class EngineSettings:
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+            from ..engine import default_dtype   # not at import: preprocessing loads no model
+            return default_dtype(self.torch_device())
         return _DTYPES[self.dtype]
 
 
