@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         # Target-only and the best K; one stream reuses the single-stream run.
         conc = concurrency(server, prompts, compared, args.concurrency, args.max_tokens, single)
         report["memory"] = {"server": server.memory()}
-        report["load_at_end"] = load_snapshot(server.proc.pid)
+        report["load_at_end"] = load_snapshot(server.triton_pid)
     report["single_stream"] = single
     report["concurrency"] = conc
     report["memory"]["kv_pool_bytes"] = kv_pool_bytes(args.target, args.draft, max_sequences,

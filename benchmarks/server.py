@@ -25,6 +25,8 @@ from pathlib import Path
 from inputs import DEFAULT_DRAFT, DEFAULT_TARGET, ROOT
 from progress import log
 
+from specdec.serving import procs
+
 ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
 DRAFT, TARGET = "draft_model", "target_model"
 TRITON_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -122,6 +124,11 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    @property
+    def triton_pid(self) -> int | None:
+        """tritonserver's pid (the launcher's child; None while the launcher restarts it)."""
+        return procs.tritonserver(self.proc.pid)
 
     @property
     def grpc_url(self) -> str:

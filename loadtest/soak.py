@@ -24,6 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from specdec.serving.procs import server_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 REQUEST_TYPES = ("SSE", "gRPC")
@@ -31,22 +33,6 @@ MIB = 1024 * 1024
 # Memory may rise this much per minute in any process before `problems` calls it a leak; a CI
 # minute is short and noisy, so its bound is looser than a long run's.
 RSS_SLOPE_LIMIT_MIB_PER_MIN = 2.0
-
-
-def processes(pid: int) -> dict[str, int]:
-    """tritonserver's pid and each backend process's, by model (from its command line)."""
-    out = {"tritonserver": pid}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and len(args) > 8 and args[0].endswith(b"triton_python_backend_stub"):
-            out[args[8].decode().rsplit("_0_", 1)[0]] = int(proc.name)   # <model>_0_0
-    return out
 
 
 def rss_mib(pid: int) -> float | None:
@@ -72,7 +58,8 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
 
 class Sampler:
     """RSS of every server process every `interval_s`, by process name; a process that gets a
-    new pid (a restarted model) starts a new series."""
+    new pid (a restarted model, or tritonserver restarted by the launcher) starts a new series.
+    `pid`: the launcher's."""
 
     def __init__(self, pid: int, interval_s: float):
         self.pid, self.interval_s = pid, interval_s
@@ -85,7 +72,7 @@ class Sampler:
 
     def sample(self) -> None:
         now = time.monotonic() - self.t0
-        for name, pid in processes(self.pid).items():
+        for name, pid in server_processes(self.pid).items():
             if self.pids.setdefault(name, pid) != pid:
                 self.pids[name] = pid
                 self.restarted.add(name)

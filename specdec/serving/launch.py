@@ -14,6 +14,10 @@ gRPC model-repository APIs demand a header whose value is random per start and n
 
 In a container whose image has tritonserver (NVIDIA's), `--tritonserver tritonserver` runs that
 binary with its own backends instead of the nvidia-pytriton wheel's.
+
+tritonserver runs as the launcher's child and is started again if it dies after it became
+ready (keeper.py: bounded backoff, never for a server that could not start); `--no-restart`
+execs it instead, for a supervisor of your own (systemd, or Kubernetes alone).
 """
 from __future__ import annotations
 
@@ -26,7 +30,11 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .settings import REPO_ROOT
+from .keeper import Keeper, http_ready
+
+# Not settings.REPO_ROOT: that module imports torch, and the launcher stays resident beside the
+# server it keeps.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytriton_root() -> Path:
@@ -86,9 +94,15 @@ def restricted(key: str) -> list[str]:
             f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}"]
 
 
+def shm_prefix(start: int) -> str:
+    """The Python backend's shared-memory region names for one start of the server: the keeper
+    removes a dead server's regions by this prefix, and no other server's."""
+    return f"specdec_{os.getpid()}_{start}_"
+
+
 def command(model_repository: Path, backend_dir: Path | None, http: int, grpc: int, metrics: int,
             extra: list[str] = (), address: str = "127.0.0.1",
-            tritonserver: str | None = None) -> list[str]:
+            tritonserver: str | None = None, start: int = 0) -> list[str]:
     """backend_dir None: the binary's own backend directory (a Triton image)."""
     return [
         tritonserver or str(pytriton_root() / "bin" / "tritonserver"),
@@ -103,9 +117,15 @@ def command(model_repository: Path, backend_dir: Path | None, http: int, grpc: i
         # Draft probabilities ([K, V] fp32 per sequence) travel through shared memory.
         "--backend-config=python,shm-default-byte-size=16777216",
         "--backend-config=python,shm-growth-byte-size=16777216",
+        *([] if _sets_prefix(extra) else
+          [f"--backend-config=python,shm-region-prefix-name={shm_prefix(start)}"]),
         "--log-verbose=0",
         *extra,
     ]
+
+
+def _sets_prefix(extra) -> bool:
+    return any("shm-region-prefix-name" in a for a in extra)
 
 
 def main(argv=None) -> None:
@@ -119,6 +139,8 @@ def main(argv=None) -> None:
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--no-restart", action="store_true",
+                    help="exec tritonserver instead of keeping it (restarting it if it dies)")
     args, extra = ap.parse_known_args(argv)
     if args.tritonserver:
         binary = shutil.which(args.tritonserver) or args.tritonserver
@@ -126,13 +148,19 @@ def main(argv=None) -> None:
     else:
         binary, env = None, environment()
         backends = prepare_backends(args.backend_directory).resolve()
-    cmd = command(args.model_repository.resolve(), backends, args.http_port, args.grpc_port,
-                  args.metrics_port, extra, args.address, binary)
+
+    def cmd(start: int) -> list[str]:
+        return command(args.model_repository.resolve(), backends, args.http_port, args.grpc_port,
+                       args.metrics_port, extra, args.address, binary, start)
     host = args.address
     print(f"tritonserver: HTTP {host}:{args.http_port}  gRPC {host}:{args.grpc_port}  "
           f"metrics {host}:{args.metrics_port}/metrics  repository {args.model_repository}",
           flush=True)
-    os.execve(cmd[0], cmd, env)
+    if args.no_restart:
+        os.execve(cmd(0)[0], cmd(0), env)
+    keeper = Keeper(cmd, env, http_ready(args.address, args.http_port),
+                    None if _sets_prefix(extra) else shm_prefix)
+    sys.exit(keeper.run())
 
 
 if __name__ == "__main__":

@@ -162,17 +162,21 @@ def test_deployment_essentials():
 
 
 def test_server_arguments_match_the_image(monkeypatch):
-    """Same model repository as the Dockerfile's CMD, same backend config as launch.py."""
+    """Same model repository as the Dockerfile's CMD, same backend config as launch.py. No
+    --no-restart: the launcher keeps tritonserver, restarting it inside the container after a
+    crash (the Deployment's comments and docs/deploy.md say so)."""
     v = values()
     assert v["server"]["modelRepository"] == copy_destination("model_repository")
     text = (TEMPLATES / "deployment.yaml").read_text()
     assert "- python3\n            - -m\n            - specdec.serving.launch\n" in text
+    assert "--no-restart" not in text
     assert "- --tritonserver=tritonserver\n" in text and "- --address=0.0.0.0\n" in text
     assert "- --model-repository={{ .Values.server.modelRepository }}\n" in text
     monkeypatch.setattr(launch, "pytriton_root", lambda: Path("/x"))
+    # The byte sizes; the launcher adds shm-region-prefix-name per start of the server itself.
     wanted = {a.rpartition("=")[0]: int(a.rpartition("=")[2])
               for a in launch.command(Path("/r"), Path("/b"), 8000, 8001, 8002)
-              if a.startswith("--backend-config=python,shm-")}
+              if re.match(r"--backend-config=python,shm-\w+-byte-size=", a)}
     assert wanted == {
         "--backend-config=python,shm-default-byte-size": v["server"]["shmDefaultByteSize"],
         "--backend-config=python,shm-growth-byte-size": v["server"]["shmGrowthByteSize"]}

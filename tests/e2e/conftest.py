@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from specdec.serving import procs
+
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 300
 
@@ -24,7 +26,21 @@ class Server:
     grpc: str
     metrics: str
     log: Path
-    pid: int        # tritonserver's (the launcher execs it)
+    pid: int        # the launcher's: it keeps tritonserver as its child and restarts it
+
+    @property
+    def triton_pid(self) -> int:
+        pid = procs.tritonserver(self.pid)
+        if pid is None:
+            raise LookupError("no tritonserver runs under the launcher now")
+        return pid
+
+    def backend_pid(self, model: str) -> int:
+        """The Python backend process of `model`."""
+        try:
+            return procs.backends(self.triton_pid)[model]
+        except KeyError:
+            raise LookupError(f"no backend process for {model}") from None
 
     def metric(self, name: str, **labels) -> float:
         """Sum of a Prometheus sample over series matching the labels."""
@@ -100,7 +116,9 @@ def post_raw(server: Server, path: str, data: bytes) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
-def wait_for(predicate, timeout=20.0) -> bool:
+def wait_for(predicate, timeout=60.0) -> bool:
+    """Poll until `predicate()` holds; a generous default deadline, since a busy 2-core
+    machine is slow, and a condition that holds returns at once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +23,7 @@ from tests.e2e.conftest import heldout_prompts, launch, post, wait_for
 SLOTS = 2
 FAULTS = "error*2,delay=3*1,unavailable*2"
 PROMPTS = heldout_prompts(3)
+DRAFT_BACK_WITHIN_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,9 @@ def failures(server) -> dict[str, float]:
 
 
 def assert_released(server) -> None:
-    assert wait_for(lambda: server.metric("specdec_active_sequences") == 0, 30)
+    assert wait_for(lambda: server.metric("specdec_active_sequences") == 0)
     for model in (names.DRAFT_MODEL, names.TARGET_MODEL):
-        assert wait_for(lambda: server.metric("specdec_kv_slots_used", model=model) == 0, 30)
+        assert wait_for(lambda: server.metric("specdec_kv_slots_used", model=model) == 0)
 
 
 def test_draft_faults_never_fail_a_request(fault_server):
@@ -56,20 +56,24 @@ def test_draft_faults_never_fail_a_request(fault_server):
     s = fault_server
     reference = [generate(s.http, p, greedy(0)).text for p in PROMPTS]   # K=0: no draft call
     assert failures(s) == {"error": 0, "timeout": 0, "unavailable": 0}
-    accepted = 0
-    for i in range(40):
+    # After each failure the draft is off for a backoff (0.5 s doubling to 10 s) before one
+    # sequence probes it: requests go on until the faults are used up and the draft drafts
+    # again, under a deadline no busy machine reaches.
+    deadline = time.monotonic() + DRAFT_BACK_WITHIN_S
+    i = 0
+    while True:
         j = i % len(PROMPTS)
         r = generate(s.http, PROMPTS[j], greedy(4 if i % 2 else None))
         assert r.text == reference[j], f"request {i} (K={4 if i % 2 else 'auto'})"
-        accepted = r.total_accepted_draft_tokens
+        i += 1
         f = failures(s)
-        if f["unavailable"] >= 2 and accepted > 0:
+        if f["unavailable"] >= 2 and r.total_accepted_draft_tokens > 0:
             break
-        time.sleep(0.3)   # the draft is off for a backoff after each failure
-    f = failures(s)
+        assert time.monotonic() < deadline, \
+            f"the draft never came back after its faults: {f} after {i} requests"
+        time.sleep(0.3)
     assert f["error"] == 2 and f["unavailable"] == 2, f
     assert f["timeout"] >= 1, f          # the delayed call (and any call queued behind it)
-    assert accepted > 0, "the draft never came back after its faults"
     assert_released(s)
 
 
@@ -115,21 +119,6 @@ def supervisor_state(server) -> dict:
     return json.loads(reply["outputs"][0]["data"][0])
 
 
-def stub_pid(server, model: str) -> int:
-    """The Python backend process of `model` (a child of tritonserver)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == server.pid and f"{model}_0_0" in cmdline:
-            return int(proc.name)
-    raise LookupError(f"no backend process for {model}")
-
-
 def streams(server, n: int, params: GenerationParams):
     """n streams started, each past its first piece."""
     out = []
@@ -153,7 +142,7 @@ def test_kill_the_draft_process_while_streams_run(fault_server):
     params = greedy(None, max_tokens=120)
     reference = [generate(s.http, p, greedy(0, max_tokens=120)).text for p in PROMPTS[:SLOTS]]
     restarts = s.metric("specdec_model_restarts_total", model=names.DRAFT_MODEL)
-    old = stub_pid(s, names.DRAFT_MODEL)
+    old = s.backend_pid(names.DRAFT_MODEL)
     running = streams(s, SLOTS, params)
     killed_at = time.monotonic()
     os.kill(old, signal.SIGKILL)
@@ -170,7 +159,7 @@ def test_kill_the_draft_process_while_streams_run(fault_server):
     recovered_s = time.monotonic() - killed_at
     assert s.metric("specdec_model_restarts_total", model=names.DRAFT_MODEL) == restarts + 1
     restart_s = supervisor_state(s)[names.DRAFT_MODEL]["last_restart_s"]
-    assert stub_pid(s, names.DRAFT_MODEL) != old
+    assert s.backend_pid(names.DRAFT_MODEL) != old
     assert all(p is None for p in probe(f"http://{s.http}", True, 5).values())
     print(f"\ndraft_model: killed; restarted in {restart_s:.1f} s; drafting again "
           f"{recovered_s:.1f} s after the kill")
@@ -186,7 +175,7 @@ def test_kill_the_target_process_while_streams_run(fault_server):
     reference = generate(s.http, PROMPTS[0], greedy(0, max_tokens=60)).text
     running = streams(s, SLOTS, params)
     killed_at = time.monotonic()
-    os.kill(stub_pid(s, names.TARGET_MODEL), signal.SIGKILL)
+    os.kill(s.backend_pid(names.TARGET_MODEL), signal.SIGKILL)
     assert probe(f"http://{s.http}", False, 5)[names.TARGET_MODEL] is not None
 
     def outcome(sf):
@@ -218,7 +207,7 @@ def test_a_dead_orchestrator_fails_requests_at_once_and_the_probes(fault_server)
     (never hang) and both probes fail. Nothing restarts it in place (the supervisor restarts
     only draft and target): liveness replaces the container. Last: the server stays broken."""
     s = fault_server
-    os.kill(stub_pid(s, names.ORCHESTRATOR), signal.SIGKILL)
+    os.kill(s.backend_pid(names.ORCHESTRATOR), signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(ServerError) as err:
         generate(s.http, PROMPTS[0], greedy(4), timeout=60)

@@ -32,7 +32,7 @@ def listening(pid: int) -> set[str]:
 
 
 def test_every_endpoint_listens_on_loopback_only(server):
-    addresses = listening(server.pid)
+    addresses = listening(server.triton_pid)
     ports = {int(a.rsplit(":", 1)[1], 16) for a in addresses}
     assert {int(e.rsplit(":", 1)[1]) for e in (server.http, server.grpc, server.metrics)} <= ports
     loopback = ("0100007F", "0000000000000000FFFF00000100007F",     # 127.0.0.1, ::ffff:127.0.0.1
