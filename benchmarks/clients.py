@@ -22,9 +22,12 @@ class GrpcClient:
 
     def __init__(self, url: str):
         from tritonclient.grpc import InferenceServerClient
+
+        from specdec_client.grpc_transport import server_version, stream_headers
         self.client = InferenceServerClient(url)
         meta = self.client.get_model_metadata("ensemble")
         self.ranks = {i.name: len(i.shape) for i in meta.inputs}
+        self.headers = stream_headers(server_version(self.client, url))
 
     def _inputs(self, prompt: str, k: int, max_tokens: int, proposer: str | None) -> list:
         import numpy as np
@@ -48,10 +51,14 @@ class GrpcClient:
                 proposer: str | None = None,
                 timeout_s: float = 300.0) -> Req:
         import uuid
+
+        from specdec_client.grpc_transport import close_stream
         q: queue.Queue = queue.Queue()
         inputs = self._inputs(prompt, k, max_tokens, proposer)
         self.client.start_stream(
-            callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+            callback=lambda result, error: q.put((time.perf_counter(), result, error)),
+            headers=self.headers)
+        cancel = True   # until the request ends on its own: a final response or an error
         try:
             t0 = time.perf_counter()
             self.client.async_stream_infer("ensemble", inputs, request_id=uuid.uuid4().hex,
@@ -60,6 +67,7 @@ class GrpcClient:
             while True:
                 t, result, error = q.get(timeout=timeout_s)
                 if error is not None:
+                    cancel = False
                     raise RuntimeError(f"server error: {error}")
                 text = result.as_numpy("text_output")
                 n = result.as_numpy("num_output_tokens")
@@ -78,10 +86,11 @@ class GrpcClient:
                     finish = reason.reshape(-1)[0].decode()
                 params = result.get_response().parameters
                 if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    cancel = False
                     break
             total = time.perf_counter() - t0
         finally:
-            self.client.stop_stream()
+            close_stream(self.client, cancel)
         return Req(index, seen, total, times[0] if times else None, times, counts,
                    "".join(pieces), finish)
 

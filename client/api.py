@@ -286,6 +286,11 @@ class TextStream(Iterator[str]):
         """Free the connection after the last response."""
         self._abort()
 
+    def _fail(self, error: BaseException) -> None:
+        """Free the connection after `error` ended the stream (an error the server sent is
+        its last response; a broken or silent stream must be cut)."""
+        self._abort()
+
     @property
     def result(self) -> Result | None:
         return self._result
@@ -301,12 +306,12 @@ class TextStream(Iterator[str]):
                 break
             try:
                 outputs = self._receive()
-            except BaseException:
+            except BaseException as e:
                 if self._cancelled.is_set():
                     self._finish()
                     break
                 self._done = True
-                self._abort()
+                self._fail(e)
                 raise
             if outputs is None:
                 self._finish()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import codecs
 import queue
+import threading
+import time
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,9 +34,78 @@ from .api import (
 
 _TRITON_FINAL = "triton_final_response"
 # Asks Triton to end the stream with the error's own gRPC status code (UNAVAILABLE,
-# INVALID_ARGUMENT...) instead of a message without one; one request per stream, so closing
-# the stream on an error loses nothing.
+# INVALID_ARGUMENT...) instead of a message without one. Before Triton 2.68 (NGC 26.04) that
+# mode has a use-after-free that can take the server down when a stream closes (server pull
+# request 8708; docs/reliability.md), so it is asked of a fixed server only; elsewhere a
+# retryable error is told by the UNAVAILABLE: marker in its message (ServerError.retryable).
 STATUS_HEADERS = {"triton_grpc_error": "true"}
+STATUS_HEADERS_SINCE = (2, 68)
+# A gRPC cancellation can race the response in flight and crash Triton before 2.57 (server pull
+# requests 7840, in 2.53, and 8078): tools that cancel on their own initiative (the load test)
+# cancel over gRPC only from this version on. A caller's own cancel() is always honoured.
+CANCEL_SAFE_SINCE = (2, 57)
+_VERSION_TTL_S = 60.0
+_versions: dict[str, tuple[float, tuple[int, ...]]] = {}
+_versions_lock = threading.Lock()
+# How long a clean close waits for the server to end a stream whose request is still running
+# (it ends at once when none is) before cutting it.
+CLOSE_GRACE_S = 10.0
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'2.51.0' -> (2, 51, 0); anything unreadable is (0,): treated as the oldest server."""
+    try:
+        return tuple(int(p) for p in text.split("-")[0].split("."))
+    except ValueError:
+        return (0,)
+
+
+def server_version(client: Any, url: str, timeout: float | None = None) -> tuple[int, ...]:
+    """The server's version from its metadata, remembered per address for a minute."""
+    now = time.monotonic()
+    with _versions_lock:
+        seen = _versions.get(url)
+    if seen is not None and now - seen[0] < _VERSION_TTL_S:
+        return seen[1]
+    version = parse_version(client.get_server_metadata(client_timeout=timeout).version)
+    with _versions_lock:
+        _versions[url] = (now, version)
+    return version
+
+
+def stream_headers(version: tuple[int, ...]) -> dict[str, str] | None:
+    """The headers to open a stream with on a server of this version."""
+    return STATUS_HEADERS if version >= STATUS_HEADERS_SINCE else None
+
+
+def close_stream(client: Any, cancel: bool = False, grace_s: float = CLOSE_GRACE_S) -> bool:
+    """End `client`'s stream; True when it ended cleanly.
+
+    cancel: cut it now (the server cancels what is in flight). Otherwise half-close and let the
+    server end the stream, which it does as soon as no request on it is running: at once after
+    a final response or an error. A request still running after `grace_s` is cut, so a close
+    never hangs on a server that does not answer.
+    """
+    if cancel:
+        client.stop_stream(cancel_requests=True)
+        return False
+
+    def half_close() -> None:
+        try:
+            client.stop_stream(cancel_requests=False)
+        except Exception:   # a stream that already broke: nothing left to close
+            pass
+    closer = threading.Thread(target=half_close, daemon=True)
+    closer.start()
+    closer.join(grace_s)
+    if not closer.is_alive():
+        return True
+    try:
+        client.stop_stream(cancel_requests=True)
+    except AttributeError:   # the half-close finished between the join and the cut
+        pass
+    closer.join()
+    return False
 
 
 def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
@@ -96,7 +167,7 @@ class _GrpcStream(TextStream):
     """
 
     def __init__(self, client: Any, model: str, inputs: list[Any], timeout: float | None,
-                 streamed: bool, collector: Collector) -> None:
+                 streamed: bool, collector: Collector, headers: dict[str, str] | None) -> None:
         super().__init__(collector, streamed)
         self._client = client
         self._timeout = timeout
@@ -104,7 +175,7 @@ class _GrpcStream(TextStream):
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._final = False
         self._closed = False
-        client.start_stream(callback=self._on_response, headers=STATUS_HEADERS)
+        client.start_stream(callback=self._on_response, headers=headers)
         try:
             client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
                                       enable_empty_final_response=True)
@@ -143,23 +214,31 @@ class _GrpcStream(TextStream):
         self._final = _TRITON_FINAL in params and params[_TRITON_FINAL].bool_param
         return outputs_from_infer_result(result, self._decoder, self._final)
 
-    def _close(self, cancel_requests: bool) -> None:
+    def _close(self, cancel: bool) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             try:
-                self._client.stop_stream(cancel_requests=cancel_requests)
+                close_stream(self._client, cancel)
             finally:
                 self._client.close()
 
     def _abort(self) -> None:
         """Cancel, then wake a reader that may be waiting in another thread."""
-        self._close(cancel_requests=True)
+        self._close(cancel=True)
         self._queue.put((None, None))
 
     def _release(self) -> None:
-        self._close(cancel_requests=False)
+        self._close(cancel=False)
+
+    def _fail(self, error: BaseException) -> None:
+        # An error the server sent ends its request: close cleanly. A timeout or a broken
+        # stream leaves nothing to wait for: cut it.
+        if isinstance(error, ServerError):
+            self._release()
+        else:
+            self._abort()
 
 
 def open_stream(url: str, prompt: str, params: GenerationParams | None, model: str,
@@ -167,9 +246,11 @@ def open_stream(url: str, prompt: str, params: GenerationParams | None, model: s
     """Send one request on a new gRPC stream; ``stream`` is the model's input."""
     collector = Collector()
     inputs = build_infer_inputs(prompt, params, stream)
-    client = InferenceServerClient(_grpc_address(url))
+    address = _grpc_address(url)
+    client = InferenceServerClient(address)
     try:
-        return _GrpcStream(client, model, inputs, timeout, stream, collector)
+        headers = stream_headers(server_version(client, address, timeout))
+        return _GrpcStream(client, model, inputs, timeout, stream, collector, headers)
     except InferenceServerException as e:
         client.close()
         raise ServerError(e.message(), e.status()) from e

@@ -1,7 +1,9 @@
 """gRPC streaming for the load test, straight on tritonclient.grpc.
 
 One InferenceServerClient (one channel) per locust user, one bidirectional stream per request,
-as a real streaming client keeps its connection. Input tensors take the rank the server's model
+as a real streaming client keeps its connection. A stream ends cleanly (the final response, then
+a half-close) unless the plan cancels it or it times out; status codes are asked only of a
+server without Triton's triton_grpc_error crash (specdec_client.grpc_transport). Input tensors take the rank the server's model
 metadata declares ([1] for the ensemble's max_batch_size 0, [1, 1] when batched), so the load
 test follows the model repository's configuration instead of assuming one. Responses are
 collected with specdec_client's Collector, so the timings mean exactly what they mean for the
@@ -14,13 +16,16 @@ import queue
 import uuid
 from typing import Any
 
+import gevent
 import numpy as np
 from tritonclient.grpc import InferenceServerClient, InferInput
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from specdec_client import ENSEMBLE, GenerationParams, Result, ServerError
 from specdec_client.api import INPUT_DATATYPES, STOP_WORDS, STREAM, TEXT_INPUT, Collector
-from specdec_client.grpc_transport import STATUS_HEADERS, outputs_from_infer_result
+from specdec_client.grpc_transport import (CANCEL_SAFE_SINCE, CLOSE_GRACE_S, close_stream,
+                                           outputs_from_infer_result, server_version,
+                                           stream_headers)
 
 _TRITON_FINAL = "triton_final_response"
 
@@ -33,16 +38,26 @@ class GrpcStreamer:
         self.model = model
         self.client = InferenceServerClient(address)
         self._ranks: dict[str, int] | None = None
+        self._headers: dict[str, str] | None = None
+        self._version: tuple[int, ...] = (0,)
 
     def ranks(self) -> dict[str, int]:
-        """Each input's rank from the model metadata (fetched once)."""
+        """Each input's rank from the model metadata, and the stream headers for the server's
+        version (fetched once)."""
         if self._ranks is None:
             try:
                 meta = self.client.get_model_metadata(self.model)
+                self._version = server_version(self.client, self.address)
+                self._headers = stream_headers(self._version)
             except InferenceServerException as e:
                 raise ServerError(e.message(), e.status()) from e
             self._ranks = {inp.name: len(inp.shape) for inp in meta.inputs}
         return self._ranks
+
+    def cancel_is_safe(self) -> bool:
+        """Whether a cancellation over gRPC cannot crash this server (CANCEL_SAFE_SINCE)."""
+        self.ranks()
+        return self._version >= CANCEL_SAFE_SINCE
 
     def inputs(self, prompt: str, params: GenerationParams) -> list[Any]:
         ranks = self.ranks()
@@ -68,9 +83,9 @@ class GrpcStreamer:
         collector = Collector()
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        finished = False
+        cancel = True   # until the request ends or fails on its own
         self.client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                                 headers=STATUS_HEADERS)
+                                 headers=self._headers)
         try:
             self.client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
                                            enable_empty_final_response=True)
@@ -80,6 +95,7 @@ class GrpcStreamer:
                 except queue.Empty:
                     raise TimeoutError(f"no response within {timeout} s") from None
                 if error is not None:
+                    cancel = False   # an error is its request's last response
                     raise ServerError(error.message(), error.status())
                 parameters = result.get_response().parameters
                 final = _TRITON_FINAL in parameters and parameters[_TRITON_FINAL].bool_param
@@ -87,15 +103,19 @@ class GrpcStreamer:
                         cancel_after and len(collector.pieces) >= cancel_after and not final:
                     return collector.result(streamed=True, cancelled=True)   # finally cancels
                 if final:
-                    finished = True
+                    cancel = False
                     return collector.result(streamed=True)
         except InferenceServerException as e:
             raise ServerError(e.message(), e.status()) from e
+        except gevent.GreenletExit:
+            # locust stops this user mid-stream: let the request finish (close_stream's grace)
+            # rather than cut it; the load test ends within that bound.
+            cancel = False
+            raise
         finally:
-            # Cancel on the server unless the request ran to its end (an error, a timeout, or
-            # locust stopping this user mid-stream).
+            # Cut only what the plan cancels, a stream that timed out or broke.
             try:
-                self.client.stop_stream(cancel_requests=not finished)
+                close_stream(self.client, cancel, grace_s=min(timeout, CLOSE_GRACE_S))
             except Exception:
                 pass
 

@@ -21,6 +21,7 @@ draw EOS first: that answer is correct and counts, without TTFT). See docs/loadt
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import random
@@ -269,8 +270,16 @@ class GrpcStreamUser(_StreamUser):
 
     @task
     def stream_infer(self) -> None:
-        self.after(record(self.environment, "gRPC", STATE["mix"].next(), self.streamer.generate,
-                          STATE["grpc"]))
+        plan = STATE["mix"].next()
+        if plan.cancel_after and not self.streamer.cancel_is_safe():
+            # A gRPC cancel can crash Triton before 2.57 (docs/reliability.md): this request
+            # runs to its end, and the SSE users do the cancelling.
+            if not STATE.get("warned_cancel"):
+                STATE["warned_cancel"] = True
+                log.warning("the server's Triton is older than 2.57, whose gRPC cancellation "
+                            "can crash it: the gRPC users do not cancel (the SSE users do)")
+            plan = dataclasses.replace(plan, cancel_after=0)
+        self.after(record(self.environment, "gRPC", plan, self.streamer.generate, STATE["grpc"]))
 
 
 def _k_first(name: str) -> tuple:

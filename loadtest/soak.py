@@ -3,7 +3,8 @@
     python -m loadtest.soak --duration 10m          (make soak: its own server, free ports)
 
 HTTP SSE and gRPC streaming users, greedy and sampled, K auto/4/0, a tenth of the requests
-cancelled mid-stream by their client. Every 10 s the resident memory (VmRSS) of each server
+cancelled mid-stream by their client (the SSE users only, on a Triton older than 2.57: see the
+locustfile's --cancel-ratio). Every 10 s the resident memory (VmRSS) of each server
 process (tritonserver and each model's backend process) is sampled; its slope in MiB/min is
 fitted over the run after the first fifth (allocator and cache warm-up). After the run, once
 the streams have drained: the KV slots still held (leaked) and the gauges. Goals: no unexpected

@@ -1,12 +1,9 @@
-"""Unit tests of specdec_client that need no Triton server.
-
-HTTP and gRPC are exercised end to end against tiny stand-in servers bound to
-127.0.0.1, so framing, encoding and cancellation go over a real socket.
-"""
+"""Unit tests of specdec_client that need no Triton server: parameters, parsing, the CLI, and
+HTTP against a tiny stand-in server on 127.0.0.1, so framing, encoding and cancellation go over a
+real socket (gRPC: test_client_grpc_unit.py)."""
 
 from __future__ import annotations
 
-import codecs
 import io
 import json
 import math
@@ -14,29 +11,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import numpy as np
 import pytest
 
-grpc = pytest.importorskip("grpc")
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor  # noqa: E402
-
-from specdec_client import (  # noqa: E402
+from specdec_client import (
     GenerationParams,
     Result,
     ServerError,
     generate,
     generate_stream,
-    grpc_generate,
-    grpc_stream,
 )
-from specdec_client import api, cli, grpc_transport  # noqa: E402
-from specdec_client.sse import iter_sse_data  # noqa: E402
+from specdec_client import api, cli
+from specdec_client.sse import iter_sse_data
 
 ALL_PARAMS = GenerationParams(max_tokens=16, temperature=0.7, top_p=0.9, top_k=40, seed=2**63 + 5,
                               num_draft_tokens=4, stop_words=["\n\n", "END"])
@@ -82,22 +71,6 @@ def test_invalid_params_are_rejected(kwargs: dict[str, Any], error: type[Excepti
         GenerationParams(**kwargs)
 
 
-def test_infer_inputs_names_dtypes_shapes() -> None:
-    inputs = {i.name(): (i.datatype(), list(i.shape())) for i in
-              grpc_transport.build_infer_inputs("hi", ALL_PARAMS, stream=True)}
-    assert inputs == {
-        "text_input": ("BYTES", [1]), "stream": ("BOOL", [1]),
-        "max_tokens": ("INT32", [1]), "temperature": ("FP32", [1]),
-        "top_p": ("FP32", [1]), "top_k": ("INT32", [1]), "seed": ("UINT64", [1]),
-        "num_draft_tokens": ("INT32", [1]), "stop_words": ("BYTES", [2]),
-    }
-
-
-def test_infer_inputs_leave_out_unset_params() -> None:
-    names = [i.name() for i in grpc_transport.build_infer_inputs("hi", GenerationParams(top_k=1))]
-    assert sorted(names) == ["stream", "text_input", "top_k"]
-
-
 # ---------------------------------------------------------------- parsing
 
 def test_sse_events_split_on_blank_lines() -> None:
@@ -130,44 +103,6 @@ def test_outputs_from_json_accepts_scalars_and_lists() -> None:
            "acceptance_rate": 0.5, "finish_reason": ["eos"]}
     assert api.outputs_from_json(obj) == {"text_output": "hello", "num_output_tokens": 3,
                                           "acceptance_rate": 0.5, "finish_reason": "eos"}
-
-
-def _infer_response(text: bytes | None = None, stats: dict[str, Any] | None = None,
-                    final: bool = False, request_id: str = "") -> service_pb2.ModelInferResponse:
-    r = service_pb2.ModelInferResponse(model_name="ensemble", id=request_id)
-    tensors: dict[str, tuple[str, np.ndarray]] = {}
-    if text is not None:
-        tensors["text_output"] = ("BYTES", np.array([[text]], dtype=np.object_))
-    for name, value in (stats or {}).items():
-        if name == "finish_reason":
-            tensors[name] = ("BYTES", np.array([[value.encode()]], dtype=np.object_))
-        elif name == "acceptance_rate":
-            tensors[name] = ("FP32", np.array([[value]], dtype=np.float32))
-        else:
-            tensors[name] = ("INT32", np.array([[value]], dtype=np.int32))
-    for name, (datatype, array) in tensors.items():
-        out = r.outputs.add()
-        out.name, out.datatype = name, datatype
-        out.shape.extend(array.shape)
-        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
-        r.raw_output_contents.append(raw)
-    r.parameters["triton_final_response"].bool_param = final
-    return r
-
-
-def test_outputs_from_infer_result_keeps_split_utf8_character() -> None:
-    euro = "€".encode()
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    decode = grpc_transport.outputs_from_infer_result
-    first = decode(InferResult(_infer_response(b"a" + euro[:2])), decoder)
-    second = decode(InferResult(_infer_response(euro[2:], {"num_output_tokens": 2,
-                                                           "acceptance_rate": 0.25,
-                                                           "finish_reason": "stop"})),
-                    decoder, final=True)
-    assert first == {"text_output": "a"}
-    assert second["text_output"] == "€"
-    assert second["num_output_tokens"] == 2 and isinstance(second["num_output_tokens"], int)
-    assert second["acceptance_rate"] == 0.25 and second["finish_reason"] == "stop"
 
 
 def test_result_derived_timings() -> None:
@@ -364,157 +299,6 @@ def test_http_stream_cancel_from_another_thread_unblocks_reader(http_server: Htt
         timer.join()
     assert time.monotonic() - start < 5
     assert stream.result is not None and stream.result.finish_reason == "cancelled"
-
-
-# ---------------------------------------------------------------- gRPC stand-in
-
-@dataclass
-class GrpcStandIn:
-    url: str
-    script: list[Callable[[service_pb2.ModelInferRequest, Any],
-                          Iterator[service_pb2.ModelStreamInferResponse]]]
-    requests: list[service_pb2.ModelInferRequest]
-    cancelled: threading.Event
-    """Set by scripts when the RPC ends before they finish."""
-
-
-@pytest.fixture
-def grpc_server() -> Iterator[GrpcStandIn]:
-    requests: list[service_pb2.ModelInferRequest] = []
-    cancelled = threading.Event()
-    script: list[Any] = []
-
-    class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-        def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
-            for request in request_iterator:
-                requests.append(request)
-                yield from script[0](request, context)
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield GrpcStandIn(f"127.0.0.1:{port}", script, requests, cancelled)
-    finally:
-        server.stop(0)
-
-
-def _stream_reply(text: bytes | None = None, stats: dict[str, Any] | None = None,
-                  final: bool = False) -> service_pb2.ModelStreamInferResponse:
-    return service_pb2.ModelStreamInferResponse(infer_response=_infer_response(text, stats, final))
-
-
-def _three_pieces(request: Any, context: Any) -> Iterator[Any]:
-    yield _stream_reply(b"Hel", {"num_output_tokens": 1, "total_draft_tokens": 4,
-                                 "total_accepted_draft_tokens": 0, "acceptance_rate": 0.0,
-                                 "finish_reason": ""})
-    yield _stream_reply(b"lo", {"num_output_tokens": 3, "total_draft_tokens": 4,
-                                "total_accepted_draft_tokens": 3, "acceptance_rate": 0.75,
-                                "finish_reason": "stop"})
-    yield _stream_reply(final=True)
-
-
-def _request_inputs(request: service_pb2.ModelInferRequest) -> dict[str, Any]:
-    out = {}
-    for i, tensor in enumerate(request.inputs):
-        raw = request.raw_input_contents[i]
-        if tensor.datatype == "BYTES":
-            value = deserialize_bytes_tensor(raw).tolist()
-        else:
-            value = np.frombuffer(raw, dtype={"BOOL": np.bool_, "INT32": np.int32,
-                                              "FP32": np.float32, "UINT64": np.uint64}
-                                  [tensor.datatype]).tolist()
-        out[tensor.name] = (tensor.datatype, list(tensor.shape), value)
-    return out
-
-
-def test_grpc_stream_round_trip(grpc_server: GrpcStandIn) -> None:
-    grpc_server.script.append(_three_pieces)
-    stream = grpc_stream(grpc_server.url, "Hi", ALL_PARAMS)
-    pieces = list(stream)
-    result = stream.result
-    assert pieces == ["Hel", "lo"]
-    assert result is not None and result.text == "Hello"
-    assert (result.num_output_tokens, result.total_accepted_draft_tokens, result.acceptance_rate,
-            result.finish_reason) == (3, 3, 0.75, "stop")
-    assert result.time_to_first_token_s is not None
-    request = grpc_server.requests[0]
-    assert request.model_name == "ensemble"
-    assert request.parameters["triton_enable_empty_final_response"].bool_param
-    assert _request_inputs(request) == {
-        "text_input": ("BYTES", [1], [b"Hi"]), "stream": ("BOOL", [1], [True]),
-        "max_tokens": ("INT32", [1], [16]),
-        "temperature": ("FP32", [1], [pytest.approx(0.7)]),
-        "top_p": ("FP32", [1], [pytest.approx(0.9)]), "top_k": ("INT32", [1], [40]),
-        "seed": ("UINT64", [1], [2**63 + 5]), "num_draft_tokens": ("INT32", [1], [4]),
-        "stop_words": ("BYTES", [2], [b"\n\n", b"END"]),
-    }
-
-
-def test_grpc_generate_sends_stream_false(grpc_server: GrpcStandIn) -> None:
-    grpc_server.script.append(lambda req, ctx: iter([_stream_reply(
-        b"whole text", {"num_output_tokens": 2, "finish_reason": "eos"}, final=True)]))
-    result = grpc_generate(grpc_server.url, "Hi", model="other")
-    assert result.text == "whole text" and result.finish_reason == "eos"
-    assert result.time_to_first_token_s is None
-    request = grpc_server.requests[0]
-    assert request.model_name == "other"
-    assert _request_inputs(request)["stream"] == ("BOOL", [1], [False])
-
-
-def test_grpc_error_response_raises(grpc_server: GrpcStandIn) -> None:
-    grpc_server.script.append(lambda req, ctx: iter([
-        _stream_reply(b"ok"),
-        service_pb2.ModelStreamInferResponse(error_message="draft model failed")]))
-    stream = grpc_stream(grpc_server.url, "Hi")
-    assert next(stream) == "ok"
-    with pytest.raises(ServerError, match="draft model failed"):
-        next(stream)
-
-
-def test_grpc_cancel_stops_the_stream_with_cancel_requests(
-        grpc_server: GrpcStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tritonclient.grpc import InferenceServerClient
-
-    calls: list[bool] = []
-    original = InferenceServerClient.stop_stream
-
-    def spy(self: Any, cancel_requests: bool = False) -> None:
-        calls.append(cancel_requests)
-        original(self, cancel_requests=cancel_requests)
-
-    monkeypatch.setattr(InferenceServerClient, "stop_stream", spy)
-
-    def endless(request: Any, context: Any) -> Iterator[Any]:
-        context.add_callback(grpc_server.cancelled.set)
-        yield _stream_reply(b"first", {"num_output_tokens": 1})
-        deadline = time.monotonic() + 10
-        while context.is_active() and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    grpc_server.script.append(endless)
-    start = time.monotonic()
-    with grpc_stream(grpc_server.url, "Hi") as stream:
-        assert next(stream) == "first"
-        stream.cancel()
-        assert list(stream) == []
-    assert time.monotonic() - start < 5
-    assert calls and calls[0] is True
-    assert stream.result is not None and stream.result.finish_reason == "cancelled"
-    assert stream.result.text == "first" and stream.result.num_output_tokens == 1
-    assert grpc_server.cancelled.wait(5)
-
-
-def test_grpc_unreachable_server_raises_server_error() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(ServerError) as e:
-        grpc_generate(f"127.0.0.1:{port}", "Hi", timeout=10)
-    assert "UNAVAILABLE" in str(e.value.status)
 
 
 # ---------------------------------------------------------------- CLI

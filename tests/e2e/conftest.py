@@ -35,6 +35,18 @@ class Server:
             raise LookupError("no tritonserver runs under the launcher now")
         return pid
 
+    @property
+    def grpc_status_codes(self) -> bool:
+        """Whether our gRPC clients ask this server for status codes (triton_grpc_error)."""
+        from tritonclient.grpc import InferenceServerClient
+
+        from specdec_client.grpc_transport import server_version, stream_headers
+        client = InferenceServerClient(self.grpc)
+        try:
+            return stream_headers(server_version(client, self.grpc)) is not None
+        finally:
+            client.close()
+
     def backend_pid(self, model: str) -> int:
         """The Python backend process of `model`."""
         try:

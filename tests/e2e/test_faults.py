@@ -103,10 +103,13 @@ def test_overload_is_retryable_and_distinct_from_bad_input(fault_server):
     refused = [e for kind, e in outcomes if kind == "refused"]
     assert done and refused, outcomes
     assert all(text == reference for text in done)
+    # gRPC carries status codes only where the client may ask for them (Triton 2.68 and later);
+    # on older servers the message's UNAVAILABLE: marker alone tells a retryable error.
+    codes = s.grpc_status_codes
     for e in refused:
         assert e.retryable and names.UNAVAILABLE in e.message, e
-        assert e.status in ("StatusCode.UNAVAILABLE", 400), e   # HTTP: Triton's 400, docs
-    assert bad_error.value.status == "StatusCode.INVALID_ARGUMENT"
+        assert e.status in (400, "StatusCode.UNAVAILABLE" if codes else None), e   # HTTP: 400
+    assert bad_error.value.status == ("StatusCode.INVALID_ARGUMENT" if codes else None)
     assert not bad_error.value.retryable and "max_tokens" in bad_error.value.message
     assert s.metric("specdec_requests_total", finish_reason="unavailable") >= len(refused)
     assert_released(s)
