@@ -1,23 +1,41 @@
 # triton-specdec on NVIDIA Triton Inference Server (see docs/deploy.md):
 #   docker build -t triton-specdec:0.1.0 .
 #   docker run --gpus all --shm-size=2g -p 8000-8002:8000-8002 triton-specdec:0.1.0
-# Triton 2.51, CUDA 12.6, Ubuntu 22.04, Python 3.10; the image's user triton-server is uid 1000.
-FROM nvcr.io/nvidia/tritonserver:24.10-py3
+# NGC 26.04 = Triton 2.68.0 (server tag v2.68.0), CUDA 13.2.1, Ubuntu 24.04, Python 3.12; the
+# image's user triton-server is uid 1000. 26.04 is the first release with all three upstream
+# fixes for the gRPC stream crashes of Triton 2.51 (server pull requests 7840, 8078, 8708;
+# docs/deploy.md "Which Triton versions crash"). Driver: R575 or later per the release notes,
+# R580 or later per CUDA 13's compatibility table; GPUs of compute capability 7.5 and up.
+FROM nvcr.io/nvidia/tritonserver:26.04-py3
 
-# torch 2.7.1 from PyPI is the CUDA 12.6 build (2.7.1+cu126, CUDA libraries as nvidia-*-cu12
-# wheels): the image's own CUDA version, so it runs wherever the image runs. Not 2.5.1+cu124:
-# transformers 5.x, the line that accepts constraints.txt's tokenizers 0.23.3 and
-# huggingface_hub 2.4.0, ignores torch older than 2.6.
-ARG TORCH_VERSION=2.7.1
-# flash-attn prebuilt for torch 2.7 (C++11 ABI, like PyPI's torch 2.7), CUDA 12, CPython 3.10.
-# Optional: `--build-arg FLASH_ATTN_WHEEL=` skips it and attention runs on PyTorch SDPA.
-ARG FLASH_ATTN_WHEEL=https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/flash_attn-2.8.3%2Bcu12torch2.7cxx11abiTRUE-cp310-cp310-linux_x86_64.whl
+# torch 2.13.0, constraints.txt's version (the tests run its CPU build; `make serve` on a CUDA
+# machine installs this one). On PyPI its cp312 manylinux_2_28_x86_64 wheel is the CUDA 13.0
+# build (it requires cuda-toolkit 13.0.3 and nvidia-*-cu13 wheels, which bring the CUDA
+# libraries): the image's CUDA major. Checked with `pip install --dry-run --report
+# --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: torch==2.13.0`.
+ARG TORCH_VERSION=2.13.0
+# flash-attn: none by default. Dao-AILab's release wheels stop at torch 2.10 (flash-attn 2.8.3:
+# cu13torch2.10cxx11abiTRUE-cp312; its wheel workflow maps torch versions up to 2.10 only), so
+# there is no prebuilt wheel for torch 2.13 + CUDA 13 + cp312 + C++11 ABI, and this runtime image
+# has no nvcc to build one. Attention runs on PyTorch SDPA. flash-attn is optional: pass a wheel
+# built for exactly that combination with `--build-arg FLASH_ATTN_WHEEL=<url>`.
+ARG FLASH_ATTN_WHEEL=
 
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-# Pins as in constraints.txt, except transformers: 5.20.2 is its newest release for Python 3.10.
-RUN python3 -m pip install pip==26.3 \
+# The image's Python is Ubuntu's (PEP 668 "externally managed"): the base image sets
+# PIP_BREAK_SYSTEM_PACKAGES=1 for its own pip installs, and so does this file, explicitly.
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+    PIP_BREAK_SYSTEM_PACKAGES=1
+# pip and setuptools come from Ubuntu's python3-pip (24.0) and python3-setuptools (68.1.2)
+# packages, which have no RECORD file, so pip cannot uninstall them ("Cannot uninstall pip 24.0,
+# RECORD file not found"): --ignore-installed puts the new ones beside them in /usr/local, first
+# on sys.path. setuptools 80.10.2: torch 2.13 requires >= 77.0.3; the 80 line still has
+# pkg_resources (82 removed it), which anything in the base image may import.
+# Then the pins of constraints.txt, all with cp312 (or pure-Python) wheels on PyPI, checked with
+# `pip install --dry-run --python-version 3.12 --only-binary=:all:`; transformers 5.23.0 needs
+# Python >= 3.11, which this image has.
+RUN python3 -m pip install --ignore-installed pip==26.3 setuptools==80.10.2 \
  && python3 -m pip install torch==${TORCH_VERSION} numpy==1.26.4 safetensors==0.8.0 \
-        tokenizers==0.23.3 huggingface_hub==2.4.0 transformers==5.20.2
+        tokenizers==0.23.3 huggingface_hub==2.4.0 transformers==5.23.0
 RUN if [ -n "${FLASH_ATTN_WHEEL}" ]; then python3 -m pip install "${FLASH_ATTN_WHEEL}"; \
     else echo "FLASH_ATTN_WHEEL is empty: no flash-attn, PyTorch SDPA"; fi
 
@@ -47,8 +65,13 @@ EXPOSE 8000 8001 8002
 # own /v2/health/ready at 200).
 HEALTHCHECK --start-period=15m --interval=30s --timeout=10s --retries=3 \
     CMD specdec probe || exit 1
-# The base image's entrypoint (nvidia_entrypoint.sh) execs this: the image's tritonserver with
-# the flags `make serve` uses (launch.py: backend config, explicit model control for the
-# supervisor's restarts, the model-repository APIs closed), on every interface of the container.
+# The base image's entrypoint (nvidia_entrypoint.sh) execs this, so the launcher is PID 1: it
+# runs the image's tritonserver as its child with the flags `make serve` uses (launch.py: backend
+# config, explicit model control for the supervisor's restarts, the model-repository APIs
+# closed), on every interface of the container; reaps orphans; forwards SIGTERM/SIGINT to
+# tritonserver. A tritonserver that dies after it became ready is started again (backoff 1 s
+# doubling to 30 s, reset after 120 s of service; each cause logged as `specdec launch: ...`);
+# one that never became ready is not, and the container exits with its code. `--no-restart`
+# makes the launcher exec tritonserver instead.
 CMD ["python3", "-m", "specdec.serving.launch", "--tritonserver=tritonserver", \
      "--address=0.0.0.0", "--model-repository=/opt/specdec/model_repository"]

@@ -33,6 +33,20 @@ def dockerfile() -> list[tuple[str, str]]:
     return instructions(DOCKERFILE.read_text())
 
 
+def comment_above(line_start: str) -> str:
+    """The comment block right above the Dockerfile line that starts with `line_start` (e.g.
+    "ARG FLASH_ATTN_WHEEL="), '#' stripped, lines joined with spaces."""
+    lines = DOCKERFILE.read_text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(line_start)]
+    block = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("#"):
+            break
+        block.insert(0, line.lstrip("#").strip())
+    assert block, f"no comment above {line_start!r}"
+    return " ".join(block)
+
+
 def args_of(kind: str) -> list[str]:
     return [rest for word, rest in dockerfile() if word == kind]
 

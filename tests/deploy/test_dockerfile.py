@@ -13,16 +13,28 @@ from packaging.version import Version
 
 from specdec.serving import launch, settings
 
-from .helpers import (DOCKERFILE, REPO, args_of, build_args, cmd, copies, copy_destination,
-                      dockerfile, env, env_names_read_by_code, flag, normalize, pip_requirements)
+from .helpers import (DOCKERFILE, REPO, args_of, build_args, cmd, comment_above, copies,
+                      copy_destination, dockerfile, env, env_names_read_by_code, flag, normalize,
+                      pip_requirements)
 
 BASE = "nvcr.io/nvidia/tritonserver"
-IMAGE_PYTHON = "cp310"        # the 24.10 image's Python 3.10
+BASE_TAG = "26.04-py3"        # NGC 26.04: Triton 2.68.0, CUDA 13.2.1, Ubuntu 24.04, Python 3.12
+IMAGE_PYTHON = "cp312"        # the image's system Python, the one Triton's Python backend stub runs
+IMAGE_CUDA_MAJOR = 13         # CUDA 13.2.1: torch and flash-attn must be CUDA 13 builds
+# The first NGC release with all three upstream fixes for Triton 2.51's gRPC stream crashes:
+# server pull requests 7840 (Triton 2.53, NGC 24.12), 8078 (2.57, 25.04), 8708 (2.68, 26.04).
+FIRST_FIXED_RELEASE = (26, 4)
 # Pins allowed to differ from constraints.txt, and why (the Dockerfile's comments say the same).
-CONSTRAINT_EXCEPTIONS = {
-    "torch": "the image takes the CUDA 12.6 build; constraints.txt pins the CPU test build",
-    "transformers": "constraints.txt's release needs Python >= 3.11; the image has 3.10",
-}
+# None today: the image's Python 3.12 takes constraints.txt's transformers, and PyPI's torch 2.13.0
+# for cp312 is a CUDA 13 build, the image's CUDA major.
+CONSTRAINT_EXCEPTIONS: dict[str, str] = {}
+# The newest torch minor that Dao-AILab's flash-attn release wheels are built for (flash-attn
+# 2.8.3, cu13torch2.10; its wheel workflow's torch table ends at 2.10): for a newer torch there
+# is no prebuilt wheel, and FLASH_ATTN_WHEEL defaults to empty.
+FLASH_ATTN_NEWEST_TORCH = Version("2.10")
+FLASH_ATTN_WHEEL_NAME = re.compile(
+    r"flash_attn-[\w.]+(?:%2B|\+)cu(\d+)torch(\d+\.\d+)cxx11abi(TRUE|FALSE)-(cp\d+)-cp\d+-"
+    r"linux_x86_64\.whl")
 
 
 def test_base_image_is_triton_with_a_pinned_tag():
@@ -34,7 +46,23 @@ def test_base_image_is_triton_with_a_pinned_tag():
         name, _, tag = image.rpartition(":")
         assert name == BASE, f"FROM {image}: expected {BASE}"
         assert re.fullmatch(r"\d{2}\.\d{2}-py3", tag), f"FROM {image}: tag {tag!r} is not pinned"
-    assert froms[-1].split()[0] == f"{BASE}:24.10-py3"
+    assert froms[-1].split()[0] == f"{BASE}:{BASE_TAG}"
+
+
+def test_base_release_has_the_grpc_stream_crash_fixes():
+    """Triton 2.51 (NGC 24.10, what nvidia-pytriton 0.7.0 bundles) can crash in its gRPC stream
+    handling when clients disconnect abruptly: two cancellation races, fixed by server pull
+    requests 7840 (Triton 2.53, NGC 24.12) and 8078 (Triton 2.57, NGC 25.04), and a
+    use-after-free in the `triton_grpc_error` streaming mode, fixed by 8708 (Triton 2.68, NGC
+    26.04). The image must be on 26.04 or later, the releases with all three fixes."""
+    tag = args_of("FROM")[-1].split()[0].rpartition(":")[2]
+    m = re.fullmatch(r"(\d{2})\.(\d{2})-py3", tag)
+    assert m, f"tag {tag!r} is not an NGC YY.MM-py3 release"
+    assert (int(m.group(1)), int(m.group(2))) >= FIRST_FIXED_RELEASE, \
+        f"NGC {tag} predates 26.04 (Triton 2.68): it lacks the fix of server PR 8708 or more"
+    about = comment_above("FROM ")
+    for fact in ("Triton 2.68", "CUDA 13", f"Python 3.{IMAGE_PYTHON[3:]}", "7840", "8078", "8708"):
+        assert fact in about, f"the comment above FROM does not say {fact!r}"
 
 
 def test_every_copied_path_exists_and_is_in_the_build_context():
@@ -83,9 +111,11 @@ def test_runs_as_a_non_root_user():
 
 def test_cmd_runs_the_launcher_on_the_image_tritonserver_and_copied_repository():
     """The launcher's flags (backend config, explicit model control, closed repository APIs)
-    are those of `make serve`; in a container it listens on every interface."""
+    are those of `make serve`; in a container it listens on every interface. No --no-restart:
+    the launcher (PID 1) keeps tritonserver and restarts it after a crash."""
     argv = cmd()
     assert argv[:3] == ["python3", "-m", "specdec.serving.launch"]
+    assert "--no-restart" not in argv
     assert flag(argv, "--tritonserver") == "tritonserver"
     assert flag(argv, "--address") == "0.0.0.0"
     repo = flag(argv, "--model-repository")
@@ -156,6 +186,24 @@ def test_every_pip_install_is_pinned():
                 assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][\w.+]*", w), f"{w!r} is not pinned"
 
 
+def test_pip_can_install_into_ubuntus_system_python():
+    """The image's Python 3.12 is Ubuntu 24.04's: PEP 668 marks it externally managed (pip
+    refuses without PIP_BREAK_SYSTEM_PACKAGES), and its pip and setuptools are Debian packages
+    without a RECORD file, which pip cannot uninstall ("Cannot uninstall pip 24.0, RECORD file
+    not found"): upgrading them must not try, so they are installed with --ignore-installed.
+    torch 2.13 requires setuptools >= 77.0.3, more than Ubuntu's 68.1.2; below 82, setuptools
+    still ships pkg_resources, which code in the base image may import."""
+    assert env().get("PIP_BREAK_SYSTEM_PACKAGES") == "1"
+    pins = pip_requirements()
+    assert Version("77.0.3") <= Version(pins["setuptools"]) < Version("82")
+    for run in args_of("RUN"):
+        for command in re.split(r"&&|\|\||;", run):
+            words = command.split()
+            if "pip" in words and "install" in words and any(
+                    w.startswith(("pip==", "setuptools==")) for w in words):
+                assert "--ignore-installed" in words, f"{command.strip()!r}: Debian's copy stays"
+
+
 def test_pins_match_constraints_and_pyproject():
     pins = pip_requirements()
     for name in ("torch", "numpy", "safetensors", "tokenizers", "transformers"):
@@ -169,6 +217,8 @@ def test_pins_match_constraints_and_pyproject():
     differ = {n for n, v in pins.items() if n in constraints and constraints[n] != v}
     assert differ <= set(CONSTRAINT_EXCEPTIONS), \
         f"pins differ from constraints.txt: {sorted(differ - set(CONSTRAINT_EXCEPTIONS))}"
+    assert set(CONSTRAINT_EXCEPTIONS) <= differ, \
+        f"stale exceptions, these pins now match: {sorted(set(CONSTRAINT_EXCEPTIONS) - differ)}"
     try:
         import tomllib
     except ModuleNotFoundError:   # Python 3.10
@@ -182,17 +232,56 @@ def test_pins_match_constraints_and_pyproject():
                 f"{req.name}=={pins[normalize(req.name)]} violates pyproject's {req}"
 
 
-def test_flash_attn_wheel_matches_torch_and_python():
+def flash_attn_wheel_problems(url: str, torch: Version) -> list[str]:
+    """Why a flash-attn wheel URL does not fit the image's torch, CUDA, Python and C++ ABI."""
+    m = FLASH_ATTN_WHEEL_NAME.search(url)
+    if not m:
+        return [f"{url!r} is not a flash-attn linux_x86_64 wheel name"]
+    cuda, torch_minor, abi, python = m.groups()
+    problems = []
+    if int(cuda) != IMAGE_CUDA_MAJOR:
+        problems.append(f"built for CUDA {cuda}, the image has CUDA {IMAGE_CUDA_MAJOR}")
+    if torch_minor != f"{torch.major}.{torch.minor}":
+        problems.append(f"built for torch {torch_minor}, the image has {torch}")
+    if python != IMAGE_PYTHON:
+        problems.append(f"built for {python}, the image's Python is {IMAGE_PYTHON}")
+    # PyPI's torch builds use the C++11 ABI from 2.7 on.
+    if abi != ("TRUE" if torch >= Version("2.7") else "FALSE"):
+        problems.append(f"C++11 ABI {abi} does not match PyPI's torch {torch}")
+    return problems
+
+
+def test_flash_attn_wheel_check_tells_a_fitting_wheel_from_the_others():
+    torch = Version(pip_requirements()["torch"])
+    minor = f"{torch.major}.{torch.minor}"
+    fits = (f"https://example.com/flash_attn-2.8.3%2Bcu{IMAGE_CUDA_MAJOR}torch{minor}"
+            f"cxx11abiTRUE-{IMAGE_PYTHON}-{IMAGE_PYTHON}-linux_x86_64.whl")
+    assert flash_attn_wheel_problems(fits, torch) == []
+    for wrong in (fits.replace(f"cu{IMAGE_CUDA_MAJOR}", "cu12"),
+                  fits.replace(f"torch{minor}", "torch2.7"),
+                  fits.replace(IMAGE_PYTHON, "cp310"),
+                  fits.replace("cxx11abiTRUE", "cxx11abiFALSE"),
+                  "https://example.com/flash_attn-2.8.3.tar.gz"):
+        assert len(flash_attn_wheel_problems(wrong, torch)) >= 1, wrong
+
+
+def test_flash_attn_default_fits_torch_or_is_empty_because_no_wheel_exists():
+    """flash-attn is optional (the code falls back to PyTorch SDPA). The default is a release
+    wheel that fits the image, or empty when Dao-AILab publishes none for this torch (their
+    wheels stop at torch 2.10): then the Dockerfile says why, and a torch that has a release
+    wheel would make this fail, so the default cannot stay empty by mistake."""
     url = build_args()["FLASH_ATTN_WHEEL"]
     torch = Version(pip_requirements()["torch"])
-    m = re.search(r"flash_attn-[\w.]+(?:%2B|\+)cu12torch(\d+\.\d+)cxx11abi(TRUE|FALSE)-(cp\d+)-",
-                  url)
-    assert m, f"FLASH_ATTN_WHEEL {url!r} is not a flash-attn CUDA 12 wheel name"
-    assert m.group(1) == f"{torch.major}.{torch.minor}", "flash-attn built for another torch"
-    assert m.group(3) == IMAGE_PYTHON
-    # PyPI's torch builds use the C++11 ABI from 2.7 on.
-    assert m.group(2) == ("TRUE" if torch >= Version("2.7") else "FALSE")
-    assert url.startswith("https://github.com/Dao-AILab/flash-attention/releases/download/v")
+    if url:
+        assert flash_attn_wheel_problems(url, torch) == []
+        assert url.startswith("https://github.com/Dao-AILab/flash-attention/releases/download/v")
+        return
+    assert Version(f"{torch.major}.{torch.minor}") > FLASH_ATTN_NEWEST_TORCH, \
+        f"flash-attn has release wheels for torch {torch}: set FLASH_ATTN_WHEEL to the one that fits"
+    why = comment_above("ARG FLASH_ATTN_WHEEL=")
+    for fact in (f"torch {FLASH_ATTN_NEWEST_TORCH}", f"torch {torch.major}.{torch.minor}",
+                 f"CUDA {IMAGE_CUDA_MAJOR}", IMAGE_PYTHON, "SDPA", "--build-arg FLASH_ATTN_WHEEL="):
+        assert fact in why, f"the comment above ARG FLASH_ATTN_WHEEL does not say {fact!r}"
 
 
 def _run_flash_attn_step(tmp_path, value):
@@ -214,8 +303,19 @@ def test_flash_attn_step_is_skipped_when_the_arg_is_empty(tmp_path):
     assert calls == ""
 
 
-def test_flash_attn_step_installs_the_arg(tmp_path):
+def test_flash_attn_step_with_the_default_arg(tmp_path):
+    """The default build: installs the default wheel, or, with the default empty, nothing."""
     url = build_args()["FLASH_ATTN_WHEEL"]
+    done, calls = _run_flash_attn_step(tmp_path, url)
+    assert done.returncode == 0, done.stderr
+    assert calls.split() == (["-m", "pip", "install", url] if url else [])
+
+
+def test_flash_attn_step_installs_the_arg(tmp_path):
+    torch = Version(pip_requirements()["torch"])
+    url = build_args()["FLASH_ATTN_WHEEL"] or (
+        f"https://example.com/flash_attn-2.8.3%2Bcu{IMAGE_CUDA_MAJOR}torch{torch.major}."
+        f"{torch.minor}cxx11abiTRUE-{IMAGE_PYTHON}-{IMAGE_PYTHON}-linux_x86_64.whl")
     done, calls = _run_flash_attn_step(tmp_path, url)
     assert done.returncode == 0, done.stderr
     assert calls.split() == ["-m", "pip", "install", url]
