@@ -85,5 +85,7 @@ soak: $(STAMP)
 #   make storm STORM_DURATION=5m STORM_HEADER=always
 STORM_DURATION ?= 5m
 STORM_HEADER ?= half
+STORM_ARGS ?=
 storm: $(STAMP)
-	$(PY) -m loadtest.storm --duration $(STORM_DURATION) --header $(STORM_HEADER) --out $(REPORTS)
+	$(PY) -m loadtest.storm --duration $(STORM_DURATION) --header $(STORM_HEADER) --out $(REPORTS) \
+		$(STORM_ARGS)

@@ -3,11 +3,12 @@
 One InferenceServerClient (one channel) per locust user, one bidirectional stream per request,
 as a real streaming client keeps its connection. A stream ends cleanly (the final response, then
 a half-close) unless the plan cancels it or it times out; status codes are asked only of a
-server without Triton's triton_grpc_error crash (specdec_client.grpc_transport). Input tensors take the rank the server's model
-metadata declares ([1] for the ensemble's max_batch_size 0, [1, 1] when batched), so the load
-test follows the model repository's configuration instead of assuming one. Responses are
-collected with specdec_client's Collector, so the timings mean exactly what they mean for the
-HTTP users (seconds since the request was sent, one time per non-empty text piece).
+server without Triton's triton_grpc_error crash (specdec_client.grpc_transport). Input tensors
+take the rank the server's model metadata declares ([1] for the ensemble's max_batch_size 0,
+[1, 1] when batched), so the load test follows the model repository's configuration instead of
+assuming one. Responses are collected with specdec_client's Collector, so the timings mean
+exactly what they mean for the HTTP users (seconds since the request was sent, one time per
+non-empty text piece).
 """
 from __future__ import annotations
 

@@ -208,9 +208,10 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _seconds(text: str) -> int:
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1h' -> seconds."""
     units = {"s": 1, "m": 60, "h": 3600}
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
 
 
 def main(argv=None) -> int:
@@ -228,8 +229,8 @@ def main(argv=None) -> int:
     with Server(max_sequences=args.max_sequences) as server:
         report = soak(f"127.0.0.1:{server.http}", server.grpc_url,
                       f"127.0.0.1:{server.metrics_port}", server.proc.pid,
-                      _seconds(args.duration), args.users or 2 * args.max_sequences, args.out,
-                      args.interval, args.max_tokens)
+                      int(parse_duration(args.duration)), args.users or 2 * args.max_sequences,
+                      args.out, args.interval, args.max_tokens)
     print(markdown(report))
     return 1 if report["problems"] else 0
 

@@ -36,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadtest.soak import metric, parse_duration
 from specdec.serving import procs
 from specdec_client import GenerationParams, ServerError, generate
 
@@ -168,10 +169,10 @@ def causes(log: Path) -> dict[int, str]:
 
 def storm(http: str, grpc: str, metrics: str, launcher: int, log: Path, duration_s: float,
           threads: int, header: str = "half", timeout: float = 60.0, seed: int = 0,
-          recovery_bound_s: float = 300.0, max_tokens: int = 16) -> dict:
+          recovery_bound_s: float = 300.0, max_tokens: int = 16,
+          endings: tuple[str, ...] = ENDINGS) -> dict:
     """Run the storm against a launcher's server; the report's `problems` lists what failed."""
     from loadtest.prompts import load_prompts
-    from loadtest.soak import metric
     prompts = load_prompts(None, 16, 300)
     reference = generate(http, prompts[0], greedy(max_tokens)).text
     tally = Tally()
@@ -180,7 +181,7 @@ def storm(http: str, grpc: str, metrics: str, launcher: int, log: Path, duration
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         while time.monotonic() < deadline:
-            ending = rng.choice(ENDINGS)
+            ending = rng.choice(endings)
             with_header = {"always": True, "never": False}.get(header, rng.random() < 0.5)
             outcome, cut = one_stream(grpc, rng.choice(prompts), ending, with_header, timeout,
                                       rng)
@@ -212,6 +213,7 @@ def storm(http: str, grpc: str, metrics: str, launcher: int, log: Path, duration
     hangs = sum(n for (_, _, o), n in tally.streams.items() if o == "hang")
     report = {
         "duration_s": duration_s, "threads": threads, "header": header, "timeout_s": timeout,
+        "endings": list(endings),
         "streams": streams, "abrupt_disconnects": tally.cuts, "hangs": hangs,
         "stuck_threads": stuck, "crashes": monitor.crashes,
         "crashes_per_1000_abrupt": round(1000 * len(monitor.crashes) / max(tally.cuts, 1), 2),
@@ -239,18 +241,14 @@ def markdown(r: dict) -> str:
     # A crash without back_s was followed by another (or the end) before the monitor saw exact
     # output.
     return "\n".join([
-        f"Storm: {r['duration_s']} s, {r['threads']} threads, header {r['header']}: "
+        f"Storm: {r['duration_s']} s, {r['threads']} threads, header {r['header']}, endings "
+        f"{','.join(r['endings'])}: "
         f"{r['streams']} streams, {r['abrupt_disconnects']} abrupt disconnects, "
         f"{len(r['crashes'])} crashes ({r['crashes_per_1000_abrupt']} per 1000 abrupt), "
         f"{r['hangs']} hangs; exact output {r['exact_again_after_storm_s']} s after the storm",
         f"crashes: {crashes}",
         "streams by ending: " + ", ".join(f"{k}: {n}" for k, n in r["by_ending"].items()),
         "problems: " + ("; ".join(r["problems"]) or "none")])
-
-
-def _seconds(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
 
 
 def main(argv=None) -> int:
@@ -263,18 +261,24 @@ def main(argv=None) -> int:
                     help="seconds a request may wait for a response before it is a hang")
     ap.add_argument("--recovery-bound", type=float, default=300.0,
                     help="seconds exact service may take to come back after the storm")
+    ap.add_argument("--endings", default=",".join(ENDINGS),
+                    help=f"comma-separated ways to end a stream, drawn at random. Default: all "
+                         f"({','.join(ENDINGS)}); clean alone is how the project's clients end")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "reports")
     args = ap.parse_args(argv)
+    endings = tuple(args.endings.split(","))
+    if not endings or set(endings) - set(ENDINGS):
+        ap.error(f"--endings: choose from {','.join(ENDINGS)}")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from server import Server   # benchmarks/server.py: a tritonserver of our own
     with Server() as server:
         report = storm(f"127.0.0.1:{server.http}", server.grpc_url,
                        f"127.0.0.1:{server.metrics_port}", server.proc.pid, server.log_path,
-                       _seconds(args.duration), args.threads, args.header, args.timeout,
-                       args.seed, args.recovery_bound)
+                       parse_duration(args.duration), args.threads, args.header, args.timeout,
+                       args.seed, args.recovery_bound, endings=endings)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"storm-{args.header}.json").write_text(json.dumps(report, indent=2))
+    (args.out / f"storm-{args.header}-{'-'.join(endings)}.json").write_text(json.dumps(report, indent=2))
     print(markdown(report))
     return 1 if report["problems"] else 0
 

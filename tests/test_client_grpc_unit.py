@@ -295,8 +295,9 @@ def test_a_clean_close_cuts_a_request_that_does_not_end(grpc_server: GrpcStandIn
     assert _ended(grpc_server) == ["cancelled"]
 
 
-def test_grpc_cancel_stops_the_stream_with_cancel_requests(
-        grpc_server: GrpcStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def stop_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """cancel_requests of every stop_stream call tritonclient gets."""
     from tritonclient.grpc import InferenceServerClient
 
     calls: list[bool] = []
@@ -307,6 +308,11 @@ def test_grpc_cancel_stops_the_stream_with_cancel_requests(
         original(self, cancel_requests=cancel_requests)
 
     monkeypatch.setattr(InferenceServerClient, "stop_stream", spy)
+    return calls
+
+
+def test_grpc_cancel_stops_the_stream_with_cancel_requests(
+        grpc_server: GrpcStandIn, stop_calls: list[bool]) -> None:
 
     def endless(request: Any, context: Any) -> Iterator[Any]:
         context.add_callback(grpc_server.cancelled.set)
@@ -322,7 +328,7 @@ def test_grpc_cancel_stops_the_stream_with_cancel_requests(
         stream.cancel()
         assert list(stream) == []
     assert time.monotonic() - start < 5
-    assert calls and calls[0] is True
+    assert stop_calls and stop_calls[0] is True
     assert stream.result is not None and stream.result.finish_reason == "cancelled"
     assert stream.result.text == "first" and stream.result.num_output_tokens == 1
     assert grpc_server.cancelled.wait(5)
@@ -330,21 +336,11 @@ def test_grpc_cancel_stops_the_stream_with_cancel_requests(
 
 
 def test_a_finished_stream_is_closed_without_cancelling(
-        grpc_server: GrpcStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tritonclient.grpc import InferenceServerClient
-
-    calls: list[bool] = []
-    original = InferenceServerClient.stop_stream
-
-    def spy(self: Any, cancel_requests: bool = False) -> None:
-        calls.append(cancel_requests)
-        original(self, cancel_requests=cancel_requests)
-
-    monkeypatch.setattr(InferenceServerClient, "stop_stream", spy)
+        grpc_server: GrpcStandIn, stop_calls: list[bool]) -> None:
     grpc_server.script.append(_three_pieces)
     with grpc_stream(grpc_server.url, "Hi") as stream:
         assert "".join(stream) == "Hello"
-    assert True not in calls
+    assert True not in stop_calls
     assert _ended(grpc_server) == ["done"]
 
 

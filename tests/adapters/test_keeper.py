@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import _free_port
+from tests.e2e.conftest import _free_port, wait_for
 
 # argv: port, mode, starts file. Each start appends its pid (and its child's) to the file; the
 # child stands for a Python-backend process, left behind if the server dies.
@@ -91,7 +91,7 @@ class Run:
     def wait_ready(self, start: int, timeout: float = 30) -> None:
         """Until the keeper has seen start `start` ready (0: the first)."""
         line = "after its start" if start == 0 else f"after restart {start}\n"
-        assert wait_until(lambda: line in self.log.read_text(), timeout), self.log.read_text()
+        assert wait_for(lambda: line in self.log.read_text(), timeout), self.log.read_text()
 
     def finish(self, timeout: float = 30) -> tuple[int, str]:
         try:
@@ -113,15 +113,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_until(predicate, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_a_server_that_dies_after_it_served_is_restarted_with_growing_backoff(tmp_path):
     run = Run(tmp_path, "crash")
     shm = Path("/dev/shm")
@@ -132,9 +123,9 @@ def test_a_server_that_dies_after_it_served_is_restarted_with_growing_backoff(tm
     try:
         run.wait_ready(3)   # three crashes, then a server that stays up
         for start in range(3):   # removed after each death, only the dead server's
-            assert wait_until(lambda: not (shm / f"{run.prefix}{start}_region").exists())
+            assert wait_for(lambda: not (shm / f"{run.prefix}{start}_region").exists())
         assert other.exists()
-        assert wait_until(lambda: all(not alive(p) for pair in run.pids()[:3] for p in pair)), \
+        assert wait_for(lambda: all(not alive(p) for pair in run.pids()[:3] for p in pair)), \
             "a dead server's backend processes outlived it"
         os.killpg(run.proc.pid, signal.SIGTERM)
         code, log = run.finish()
@@ -178,5 +169,5 @@ def test_a_killed_launcher_takes_its_server_down(tmp_path):
     server, _ = run.pids()[0]
     run.proc.kill()
     run.proc.wait()
-    assert wait_until(lambda: not alive(server)), "the server outlived its launcher"
+    assert wait_for(lambda: not alive(server)), "the server outlived its launcher"
     assert (tmp_path / "starts.stopped").read_text().split() == [str(int(signal.SIGTERM))]

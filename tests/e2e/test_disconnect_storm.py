@@ -29,7 +29,8 @@ def storm_server(tmp_path_factory):
 def test_an_explicit_grpc_cancel_releases_its_sequence(storm_server):
     s = storm_server
     prompt = heldout_prompts(1)[0]
-    stream = grpc_stream(s.grpc, prompt, GenerationParams(max_tokens=1000, num_draft_tokens=4))
+    stream = grpc_stream(s.grpc, prompt,
+                         GenerationParams(max_tokens=1000, num_draft_tokens=4))
     next(iter(stream))
     assert s.metric("specdec_active_sequences") == 1
     stream.cancel()
