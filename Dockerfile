@@ -69,7 +69,8 @@ HEALTHCHECK --start-period=15m --interval=30s --timeout=10s --retries=3 \
 # runs the image's tritonserver as its child with the flags `make serve` uses (launch.py: backend
 # config, explicit model control for the supervisor's restarts, the model-repository APIs
 # closed), on every interface of the container; reaps orphans; forwards SIGTERM/SIGINT to
-# tritonserver. A tritonserver that dies after it became ready is started again (backoff 1 s
+# tritonserver. A tritonserver that dies after it became ready (or hangs, answering no liveness
+# check for 30 s: it is killed) is started again (backoff 1 s
 # doubling to 30 s, reset after 120 s of service; each cause logged as `specdec launch: ...`);
 # one that never became ready is not, and the container exits with its code. `--no-restart`
 # makes the launcher exec tritonserver instead.

@@ -12,6 +12,12 @@ A server that dies before it ever became ready is not restarted: that is a confi
 load error (a missing checkpoint, a port in use), and a restart loop would hide it. Readiness is
 Triton's own `/v2/health/ready` on the HTTP port.
 
+A server can also die without exiting: after an abort (a backend process killed while it held a
+shared-memory mutex: boost::interprocess::lock_exception, docs/reliability.md) tritonserver
+prints its stack and then hangs in its exit, serving nothing. So once ready, the server must
+answer `/v2/health/live` (which holds through model reloads, unlike readiness): one that has
+not answered for `hung_after_s` is killed, and restarted like one that died.
+
 After each death the launcher kills what the dead server left (its backend processes, which
 may hold GPU memory, are in its process group and, orphaned, become the launcher's children:
 it is their subreaper) and removes its Python-backend shared-memory regions: each start gets a
@@ -41,6 +47,8 @@ class Backoff:
     first_s: float = 1.0
     max_s: float = 30.0
     stable_s: float = 120.0     # a run this long after ready resets the backoff to first_s
+    hung_after_s: float = 30.0  # a ready server that answers no liveness check this long is hung
+    check_every_s: float = 2.0  # between liveness checks
 
 
 def say(message: str) -> None:
@@ -62,18 +70,19 @@ def exit_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
-def http_ready(address: str, port: int) -> Callable[[], bool]:
+def http_health(address: str, port: int, what: str = "ready") -> Callable[[], bool]:
+    """A check of Triton's /v2/health/<what> ("ready" or "live") on the HTTP port."""
     host = "127.0.0.1" if address in ("0.0.0.0", "", "::") else address
     host = f"[{host}]" if ":" in host else host
-    url = f"http://{host}:{port}/v2/health/ready"
+    url = f"http://{host}:{port}/v2/health/{what}"
 
-    def ready() -> bool:
+    def check() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
-    return ready
+    return check
 
 
 def _prctl(option: int, value: int) -> None:
@@ -93,10 +102,12 @@ class Keeper:
     """Runs `command(start)` (start = 0, 1, ...) until it exits cleanly or is told to stop."""
 
     def __init__(self, command: Callable[[int], list[str]], env: dict[str, str],
-                 ready: Callable[[], bool], shm_prefix: Callable[[int], str] | None,
-                 backoff: Backoff = Backoff(), poll_s: float = 0.5):
-        self.command, self.env, self.ready = command, env, ready
+                 ready: Callable[[], bool], live: Callable[[], bool],
+                 shm_prefix: Callable[[int], str] | None, backoff: Backoff = Backoff(),
+                 poll_s: float = 0.5):
+        self.command, self.env, self.ready, self.live = command, env, ready, live
         self.shm_prefix, self.backoff, self.poll_s = shm_prefix, backoff, poll_s
+        self._answered = self._checked = 0.0   # monotonic times of the liveness checks
         self.stopping: int | None = None     # the signal that asked us to stop
         self.child: subprocess.Popen | None = None
         self.restarts = 0
@@ -134,6 +145,15 @@ class Keeper:
                 return None
             time.sleep(self.poll_s)
 
+    def _hung(self) -> bool:
+        """No liveness check answered for hung_after_s (checked every check_every_s)."""
+        now = time.monotonic()
+        if now - self._checked >= self.backoff.check_every_s:
+            self._checked = now
+            if self.live():
+                self._answered = time.monotonic()
+        return time.monotonic() - self._answered > self.backoff.hung_after_s
+
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while self.stopping is None and time.monotonic() < deadline:
@@ -168,7 +188,13 @@ class Keeper:
                 ready_at = time.monotonic()
                 say(f"tritonserver (pid {self.child.pid}) ready {ready_at - started:.1f} s after "
                     f"{'its start' if start == 0 else f'restart {start}'}")
-                status = self._wait()
+                self._answered = self._checked = ready_at
+                status = self._wait(until=self._hung)
+                if status is None:
+                    say(f"tritonserver (pid {self.child.pid}) has answered no liveness check for "
+                        f"{self.backoff.hung_after_s:.0f} s: killing it")
+                    os.killpg(self.child.pid, signal.SIGKILL)
+                    status = self._wait()
             elif self.stopping is None:
                 say(f"tritonserver exited with {cause(status)} before it became ready: not "
                     f"restarting (a configuration or load error; its log is above)")

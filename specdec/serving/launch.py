@@ -30,7 +30,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .keeper import Keeper, http_ready
+from .keeper import Keeper, http_health
 
 # Not settings.REPO_ROOT: that module imports torch, and the launcher stays resident beside the
 # server it keeps.
@@ -158,7 +158,8 @@ def main(argv=None) -> None:
           flush=True)
     if args.no_restart:
         os.execve(cmd(0)[0], cmd(0), env)
-    keeper = Keeper(cmd, env, http_ready(args.address, args.http_port),
+    keeper = Keeper(cmd, env, http_health(args.address, args.http_port, "ready"),
+                    http_health(args.address, args.http_port, "live"),
                     None if _sets_prefix(extra) else shm_prefix)
     sys.exit(keeper.run())
 

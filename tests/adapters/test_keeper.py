@@ -48,17 +48,23 @@ SERVER = textwrap.dedent("""
     if mode == "exit" and n == 1:
         time.sleep(0.3)
         os._exit(7)
+    if mode == "hang" and n == 1:   # stops answering and never exits, like an abort's hung exit
+        time.sleep(0.3)
+        server.shutdown()
+        server.server_close()
     while True:
         time.sleep(1)
 """)
 
 KEEPER = textwrap.dedent("""
     import sys
-    from specdec.serving.keeper import Backoff, Keeper, http_ready
+    from specdec.serving.keeper import Backoff, Keeper, http_health
     server, port, mode, starts, prefix = sys.argv[1:6]
     keeper = Keeper(lambda start: [sys.executable, server, port, mode, starts], {},
-                    http_ready("127.0.0.1", int(port)), lambda start: f"{prefix}{start}_",
-                    Backoff(first_s=0.1, max_s=0.4, stable_s=60), poll_s=0.05)
+                    http_health("127.0.0.1", int(port), "ready"),
+                    http_health("127.0.0.1", int(port), "live"), lambda start: f"{prefix}{start}_",
+                    Backoff(first_s=0.1, max_s=0.4, stable_s=60, hung_after_s=1.0,
+                            check_every_s=0.1), poll_s=0.05)
     sys.exit(keeper.run())
 """)
 
@@ -151,6 +157,20 @@ def test_a_non_zero_exit_after_ready_is_restarted(tmp_path):
     os.killpg(run.proc.pid, signal.SIGTERM)
     code, log = run.finish()
     assert "died with exit code 7" in log and code == 0, log
+
+
+def test_a_server_that_stops_answering_is_killed_and_restarted(tmp_path):
+    """An abort can leave tritonserver hung in its exit, serving nothing: it is killed once it
+    has answered no liveness check for hung_after_s, then restarted like a dead one."""
+    run = Run(tmp_path, "hang")
+    run.wait_ready(1)
+    hung, child = run.pids()[0]
+    assert wait_for(lambda: not alive(hung) and not alive(child))
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    code, log = run.finish()
+    assert code == 0, log
+    assert "has answered no liveness check for 1 s: killing it" in log, log
+    assert "died with signal 9 (SIGKILL)" in log, log
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -137,11 +137,45 @@ def finish(stream, first: str) -> str:
     return first + "".join(stream)
 
 
+# kill -9 of a busy backend process can abort tritonserver itself: the process died holding a
+# shared-memory mutex, and the server's next lock throws (docs/reliability.md, "Upstream hazard").
+# The launcher then brings the server back (killing it first if it hangs in its exit). A kill
+# scenario that met that abort runs again on the restarted server: it tests what we do when the
+# server survives the kill; the abort's own recovery is the launcher's (test_keeper.py, the
+# storm). Any other failure fails the test at once.
+UPSTREAM_ABORT = "boost::interprocess::lock_exception"
+ATTEMPTS = 4
+
+
+def serving(server) -> bool:
+    try:
+        return all(p is None for p in probe(f"http://{server.http}", True, 5).values())
+    except OSError:
+        return False
+
+
+def past_upstream_aborts(server, scenario) -> None:
+    for attempt in range(1, ATTEMPTS + 1):
+        assert wait_for(lambda: serving(server), 300), "the server is not serving"
+        aborts = server.log.read_text(errors="replace").count(UPSTREAM_ABORT)
+        try:
+            return scenario(server)
+        except Exception:
+            if attempt == ATTEMPTS or \
+                    server.log.read_text(errors="replace").count(UPSTREAM_ABORT) == aborts:
+                raise
+        print(f"\n{scenario.__name__}: tritonserver aborted ({UPSTREAM_ABORT}, upstream); "
+              f"attempt {attempt + 1} on the server the launcher restarts")
+
+
 def test_kill_the_draft_process_while_streams_run(fault_server):
     """kill -9 of draft_model's process: the streams in flight and the requests after finish
     with the target's greedy text, target-only while the draft is down; the supervisor restarts
     it and the draft drafts again (the new process knows no sequence: the loop re-prefills)."""
-    s = fault_server
+    past_upstream_aborts(fault_server, kill_the_draft)
+
+
+def kill_the_draft(s) -> None:
     params = greedy(None, max_tokens=120)
     reference = [generate(s.http, p, greedy(0, max_tokens=120)).text for p in PROMPTS[:SLOTS]]
     restarts = s.metric("specdec_model_restarts_total", model=names.DRAFT_MODEL)
@@ -173,9 +207,13 @@ def test_kill_the_target_process_while_streams_run(fault_server):
     """kill -9 of target_model's process: the streams in flight end with an error naming it
     within a bounded time, none hangs, the slots and gauges return to 0, the probe fails while
     the target is down; the supervisor restarts it and the server serves exact output again."""
-    s = fault_server
+    past_upstream_aborts(fault_server, kill_the_target)
+
+
+def kill_the_target(s) -> None:
     params = greedy(4, max_tokens=900)
     reference = generate(s.http, PROMPTS[0], greedy(0, max_tokens=60)).text
+    restarts = s.metric("specdec_model_restarts_total", model=names.TARGET_MODEL)
     running = streams(s, SLOTS, params)
     killed_at = time.monotonic()
     os.kill(s.backend_pid(names.TARGET_MODEL), signal.SIGKILL)
@@ -199,7 +237,7 @@ def test_kill_the_target_process_while_streams_run(fault_server):
                     120), "the target never came back"
     recovered_s = time.monotonic() - killed_at
     assert generate(s.http, PROMPTS[0], greedy(4, max_tokens=60)).text == reference
-    assert s.metric("specdec_model_restarts_total", model=names.TARGET_MODEL) == 1
+    assert s.metric("specdec_model_restarts_total", model=names.TARGET_MODEL) == restarts + 1
     restart_s = supervisor_state(s)[names.TARGET_MODEL]["last_restart_s"]
     print(f"\ntarget_model: killed; streams ended with an error after {ended_s:.1f} s; "
           f"restarted in {restart_s:.1f} s; serving again {recovered_s:.1f} s after the kill")
@@ -209,7 +247,10 @@ def test_a_dead_orchestrator_fails_requests_at_once_and_the_probes(fault_server)
     """kill -9 of the decoupled speculative_decoding's process: requests fail within seconds
     (never hang) and both probes fail. Nothing restarts it in place (the supervisor restarts
     only draft and target): liveness replaces the container. Last: the server stays broken."""
-    s = fault_server
+    past_upstream_aborts(fault_server, kill_the_orchestrator)
+
+
+def kill_the_orchestrator(s) -> None:
     os.kill(s.backend_pid(names.ORCHESTRATOR), signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(ServerError) as err:
