@@ -8,18 +8,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import faults
+
+if TYPE_CHECKING:
+    import torch
 
 ENV_PREFIX = "SPECDEC_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGET = REPO_ROOT / "models" / "default" / "target"
 DEFAULT_DRAFT = REPO_ROOT / "models" / "default" / "draft"
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "float64": torch.float64}
+# torch is imported where a model is loaded, never here: preprocessing, postprocessing, the
+# launcher and the OpenAI gateway read settings and load no model.
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 NO_DRAFT = "none"   # $SPECDEC_DRAFT_MODEL=none: no draft model, prompt lookup only
@@ -108,6 +111,7 @@ class EngineSettings:
         return self.model_path == NO_DRAFT
 
     def torch_device(self) -> torch.device:
+        import torch
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -122,7 +126,8 @@ class EngineSettings:
         if self.dtype == "auto":
             from ..engine import default_dtype   # not at import: preprocessing loads no model
             return default_dtype(self.torch_device())
-        return _DTYPES[self.dtype]
+        import torch
+        return getattr(torch, self.dtype)
 
 
 @dataclass(frozen=True)
