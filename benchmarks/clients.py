@@ -17,35 +17,23 @@ from progress import log
 
 class GrpcClient:
     """One channel; one bidirectional stream per request, as a streaming client keeps its
-    connection. Inputs take the rank the ensemble's metadata declares ([1] for max_batch_size 0,
-    [1, 1] when batched) instead of assuming one; times are taken in the response callback."""
+    connection. Inputs take the rank the ensemble's metadata declares ([1, 1] with its batch
+    dimension) instead of assuming one; times are taken in the response callback."""
 
     def __init__(self, url: str):
         from tritonclient.grpc import InferenceServerClient
 
-        from specdec_client.grpc_transport import server_version, stream_headers
+        from specdec_client.grpc_transport import input_ranks, server_version, stream_headers
         self.client = InferenceServerClient(url)
-        meta = self.client.get_model_metadata("ensemble")
-        self.ranks = {i.name: len(i.shape) for i in meta.inputs}
+        self.ranks = input_ranks(self.client, url, "ensemble")
         self.headers = stream_headers(server_version(self.client, url))
 
     def _inputs(self, prompt: str, k: int, max_tokens: int, proposer: str | None) -> list:
-        import numpy as np
-        from tritonclient.grpc import InferInput
-        values = (("text_input", "BYTES", np.array([prompt.encode()], object)),
-                  ("stream", "BOOL", np.array([True])),
-                  ("max_tokens", "INT32", np.array([max_tokens], np.int32)),
-                  ("temperature", "FP32", np.array([0.0], np.float32)),
-                  ("num_draft_tokens", "INT32", np.array([k], np.int32)))
-        if proposer is not None:
-            values += (("proposer", "BYTES", np.array([proposer.encode()], object)),)
-        out = []
-        for name, dtype, arr in values:
-            arr = arr.reshape((1,) * self.ranks.get(name, 1))
-            t = InferInput(name, list(arr.shape), dtype)
-            t.set_data_from_numpy(arr)
-            out.append(t)
-        return out
+        from specdec_client import GenerationParams
+        from specdec_client.grpc_transport import build_infer_inputs
+        return build_infer_inputs(prompt, GenerationParams(
+            max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, proposer=proposer),
+            True, self.ranks)
 
     def request(self, prompt: str, index: int, k: int, max_tokens: int,
                 proposer: str | None = None,

@@ -25,6 +25,7 @@ from specdec.names import (  # noqa: E402  (re-exported)
     FINISH_REASON,
     MAX_TOKENS,
     NGRAM_ACCEPTED_TOKENS,
+    NUM_INPUT_TOKENS,
     NGRAM_DRAFT_TOKENS,
     NUM_DRAFT_TOKENS,
     NUM_OUTPUT_TOKENS,
@@ -164,6 +165,7 @@ class Result:
 
     text: str
     num_output_tokens: int | None = None
+    num_input_tokens: int | None = None          # prompt tokens
     total_draft_tokens: int | None = None
     total_accepted_draft_tokens: int | None = None
     acceptance_rate: float | None = None
@@ -245,6 +247,7 @@ class Collector:
         return Result(
             text="".join(self.pieces),
             num_output_tokens=num(NUM_OUTPUT_TOKENS, int),
+            num_input_tokens=num(NUM_INPUT_TOKENS, int),
             total_draft_tokens=num(TOTAL_DRAFT_TOKENS, int),
             total_accepted_draft_tokens=num(TOTAL_ACCEPTED_DRAFT_TOKENS, int),
             acceptance_rate=num(ACCEPTANCE_RATE, float),

@@ -44,9 +44,11 @@ STATUS_HEADERS_SINCE = (2, 68)
 # requests 7840, in 2.53, and 8078): tools that cancel on their own initiative (the load test)
 # cancel over gRPC only from this version on. A caller's own cancel() is always honoured.
 CANCEL_SAFE_SINCE = (2, 57)
-_VERSION_TTL_S = 60.0
-_versions: dict[str, tuple[float, tuple[int, ...]]] = {}
-_versions_lock = threading.Lock()
+# What a server says of itself (its version, a model's input ranks) is remembered per address
+# for a minute: a fact per stream would cost a round trip per request.
+_FACTS_TTL_S = 60.0
+_facts: dict[tuple, tuple[float, Any]] = {}
+_facts_lock = threading.Lock()
 # How long a clean close waits for the server to end a stream whose request is still running
 # (it ends at once when none is) before cutting it.
 CLOSE_GRACE_S = 10.0
@@ -60,17 +62,32 @@ def parse_version(text: str) -> tuple[int, ...]:
         return (0,)
 
 
-def server_version(client: Any, url: str, timeout: float | None = None) -> tuple[int, ...]:
-    """The server's version from its metadata, remembered per address for a minute."""
+def _remembered(key: tuple, fetch: Any) -> Any:
     now = time.monotonic()
-    with _versions_lock:
-        seen = _versions.get(url)
-    if seen is not None and now - seen[0] < _VERSION_TTL_S:
+    with _facts_lock:
+        seen = _facts.get(key)
+    if seen is not None and now - seen[0] < _FACTS_TTL_S:
         return seen[1]
-    version = parse_version(client.get_server_metadata(client_timeout=timeout).version)
-    with _versions_lock:
-        _versions[url] = (now, version)
-    return version
+    value = fetch()
+    with _facts_lock:
+        _facts[key] = (now, value)
+    return value
+
+
+def server_version(client: Any, url: str, timeout: float | None = None) -> tuple[int, ...]:
+    """The server's version from its metadata."""
+    return _remembered(("version", url), lambda: parse_version(
+        client.get_server_metadata(client_timeout=timeout).version))
+
+
+def input_ranks(client: Any, url: str, model: str,
+                timeout: float | None = None) -> dict[str, int]:
+    """Each input's rank from the model's metadata: 2 for the ensemble's [1, 1] (a batch
+    dimension first, as TensorRT-LLM's), 1 for a model without a batch dimension."""
+    def fetch() -> dict[str, int]:
+        meta = client.get_model_metadata(model, client_timeout=timeout)
+        return {i.name: len(i.shape) for i in meta.inputs}
+    return _remembered(("ranks", url, model), fetch)
 
 
 def stream_headers(version: tuple[int, ...]) -> dict[str, str] | None:
@@ -109,9 +126,10 @@ def close_stream(client: Any, cancel: bool = False, grace_s: float = CLOSE_GRACE
 
 
 def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
-                       stream: bool = True) -> list[Any]:
-    """tritonclient.grpc InferInputs of shape [1] ([N] for stop_words): the ensemble has no
-    batch dimension (max_batch_size 0), like TensorRT-LLM's and vLLM's Triton models."""
+                       stream: bool = True, ranks: dict[str, int] | None = None) -> list[Any]:
+    """tritonclient.grpc InferInputs: one element each (stop_words: one per word), shaped to the
+    rank the model declares (`ranks`, from input_ranks; absent: 1): [1, 1] and [1, N] for the
+    ensemble, whose batch dimension comes first as in TensorRT-LLM's."""
     values: dict[str, Any] = {TEXT_INPUT: [prompt.encode("utf-8")], STREAM: [stream]}
     for name, value in (params or GenerationParams()).fields().items():
         if name == STOP_WORDS:
@@ -122,6 +140,7 @@ def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
     for name, row in values.items():
         datatype = INPUT_DATATYPES[name]
         array = np.array(row, dtype=triton_to_np_dtype(datatype))
+        array = array.reshape((1,) * ((ranks or {}).get(name, 1) - 1) + (len(row),))
         tensor = InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -245,11 +264,12 @@ def open_stream(url: str, prompt: str, params: GenerationParams | None, model: s
                 timeout: float | None, stream: bool) -> TextStream:
     """Send one request on a new gRPC stream; ``stream`` is the model's input."""
     collector = Collector()
-    inputs = build_infer_inputs(prompt, params, stream)
     address = _grpc_address(url)
     client = InferenceServerClient(address)
     try:
         headers = stream_headers(server_version(client, address, timeout))
+        inputs = build_infer_inputs(prompt, params, stream,
+                                    input_ranks(client, address, model, timeout))
         return _GrpcStream(client, model, inputs, timeout, stream, collector, headers)
     except InferenceServerException as e:
         client.close()

@@ -4,9 +4,9 @@ One InferenceServerClient (one channel) per locust user, one bidirectional strea
 as a real streaming client keeps its connection. A stream ends cleanly (the final response, then
 a half-close) unless the plan cancels it or it times out; status codes are asked only of a
 server without Triton's triton_grpc_error crash (specdec_client.grpc_transport). Input tensors
-take the rank the server's model metadata declares ([1] for the ensemble's max_batch_size 0,
-[1, 1] when batched), so the load test follows the model repository's configuration instead of
-assuming one. Responses are collected with specdec_client's Collector, so the timings mean
+take the rank the server's model metadata declares ([1, 1] for the ensemble's batch dimension,
+[1] for a model without one), so the load test follows the model repository's configuration
+instead of assuming one. Responses are collected with specdec_client's Collector, so the timings mean
 exactly what they mean for the HTTP users (seconds since the request was sent, one time per
 non-empty text piece).
 """
@@ -18,13 +18,13 @@ import uuid
 from typing import Any
 
 import gevent
-import numpy as np
-from tritonclient.grpc import InferenceServerClient, InferInput
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.grpc import InferenceServerClient
+from tritonclient.utils import InferenceServerException
 
 from specdec_client import ENSEMBLE, GenerationParams, Result, ServerError
-from specdec_client.api import INPUT_DATATYPES, STOP_WORDS, STREAM, TEXT_INPUT, Collector
-from specdec_client.grpc_transport import (CANCEL_SAFE_SINCE, CLOSE_GRACE_S, close_stream,
+from specdec_client.api import Collector
+from specdec_client.grpc_transport import (CANCEL_SAFE_SINCE, CLOSE_GRACE_S,
+                                           build_infer_inputs, close_stream, input_ranks,
                                            outputs_from_infer_result, server_version,
                                            stream_headers)
 
@@ -47,12 +47,11 @@ class GrpcStreamer:
         version (fetched once)."""
         if self._ranks is None:
             try:
-                meta = self.client.get_model_metadata(self.model)
                 self._version = server_version(self.client, self.address)
                 self._headers = stream_headers(self._version)
+                self._ranks = input_ranks(self.client, self.address, self.model)
             except InferenceServerException as e:
                 raise ServerError(e.message(), e.status()) from e
-            self._ranks = {inp.name: len(inp.shape) for inp in meta.inputs}
         return self._ranks
 
     def cancel_is_safe(self) -> bool:
@@ -61,20 +60,7 @@ class GrpcStreamer:
         return self._version >= CANCEL_SAFE_SINCE
 
     def inputs(self, prompt: str, params: GenerationParams) -> list[Any]:
-        ranks = self.ranks()
-        values: dict[str, list[Any]] = {TEXT_INPUT: [prompt.encode("utf-8")], STREAM: [True]}
-        for name, value in params.fields().items():
-            values[name] = [w.encode("utf-8") for w in value] if name == STOP_WORDS else [value]
-        tensors = []
-        for name, row in values.items():
-            datatype = INPUT_DATATYPES[name]
-            array = np.array(row, dtype=triton_to_np_dtype(datatype))
-            # A stop_words list is the last dimension; every other input is one element.
-            array = array.reshape((1,) * (ranks.get(name, 1) - 1) + (len(row),))
-            tensor = InferInput(name, list(array.shape), datatype)
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        return tensors
+        return build_infer_inputs(prompt, params, True, self.ranks())
 
     def generate(self, prompt: str, params: GenerationParams, timeout: float,
                  cancel_after: int = 0) -> Result:

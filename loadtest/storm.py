@@ -57,7 +57,8 @@ def one_stream(address: str, prompt: str, ending: str, header: bool, timeout: fl
     from tritonclient.grpc import InferenceServerClient
     from tritonclient.utils import InferenceServerException
 
-    from specdec_client.grpc_transport import STATUS_HEADERS, build_infer_inputs, close_stream
+    from specdec_client.grpc_transport import (STATUS_HEADERS, build_infer_inputs, close_stream,
+                                               input_ranks)
     params = (GenerationParams(max_tokens=100000) if ending == "after-error"
               else greedy(rng.randint(4, 32)))
     answers: queue.Queue = queue.Queue()
@@ -66,8 +67,9 @@ def one_stream(address: str, prompt: str, ending: str, header: bool, timeout: fl
     try:
         client.start_stream(callback=lambda result, error: answers.put((result, error)),
                             headers=STATUS_HEADERS if header else None)
-        client.async_stream_infer("ensemble", build_infer_inputs(prompt, params),
-                                  enable_empty_final_response=True)
+        client.async_stream_infer("ensemble", build_infer_inputs(
+            prompt, params, ranks=input_ranks(client, address, "ensemble", timeout)),
+            enable_empty_final_response=True)
         stop_after = rng.randint(1, 3)
         responses = 0
         while True:

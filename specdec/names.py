@@ -20,9 +20,19 @@ SEED = "seed"
 NUM_DRAFT_TOKENS = "num_draft_tokens"
 STOP_WORDS = "stop_words"
 PROPOSER = "proposer"              # draft, ngram or hybrid
+# TensorRT-LLM-format inputs, as Triton's own OpenAI frontend sends them: accepted, and refused
+# by name where they ask for what is not implemented.
+RANDOM_SEED = "random_seed"        # seed, as TensorRT-LLM (and that frontend before 25.06) name it
+EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"   # true only: the output never echoes
+RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"   # accepted; both counts always come back
+RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
+FREQUENCY_PENALTY = "frequency_penalty"                # 0 only
+PRESENCE_PENALTY = "presence_penalty"                  # 0 only
+BAD_WORDS = "bad_words"                                # empty only
 
 # Response outputs.
 TEXT_OUTPUT = "text_output"
+NUM_INPUT_TOKENS = "num_input_tokens"       # prompt tokens (the chat template's included)
 NUM_OUTPUT_TOKENS = "num_output_tokens"
 TOTAL_DRAFT_TOKENS = "total_draft_tokens"
 TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
@@ -30,8 +40,9 @@ ACCEPTANCE_RATE = "acceptance_rate"
 FINISH_REASON = "finish_reason"
 NGRAM_DRAFT_TOKENS = "ngram_draft_tokens"          # of total_draft_tokens, prompt lookup's
 NGRAM_ACCEPTED_TOKENS = "ngram_accepted_tokens"    # of total_accepted_draft_tokens
-STATS_OUTPUTS = (NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS, TOTAL_ACCEPTED_DRAFT_TOKENS,
-                 ACCEPTANCE_RATE, FINISH_REASON, NGRAM_DRAFT_TOKENS, NGRAM_ACCEPTED_TOKENS)
+STATS_OUTPUTS = (NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS,
+                 TOTAL_ACCEPTED_DRAFT_TOKENS, ACCEPTANCE_RATE, FINISH_REASON, NGRAM_DRAFT_TOKENS,
+                 NGRAM_ACCEPTED_TOKENS)
 
 # Every retryable error (no free slot within queue_timeout_s, a model restarting) has code
 # UNAVAILABLE and a message that contains this: Triton 2.51's HTTP generate endpoints answer

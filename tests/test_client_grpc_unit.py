@@ -19,7 +19,7 @@ from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc  # noqa
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor  # noqa: E402
 
 from specdec_client import GenerationParams, ServerError, grpc_generate, grpc_stream  # noqa: E402
-from specdec_client import grpc_transport  # noqa: E402
+from specdec_client import api, grpc_transport  # noqa: E402
 from tests.test_client_unit import ALL_PARAMS  # noqa: E402
 
 def test_infer_inputs_names_dtypes_shapes() -> None:
@@ -31,6 +31,14 @@ def test_infer_inputs_names_dtypes_shapes() -> None:
         "top_p": ("FP32", [1]), "top_k": ("INT32", [1]), "seed": ("UINT64", [1]),
         "num_draft_tokens": ("INT32", [1]), "stop_words": ("BYTES", [2]),
     }
+
+
+def test_infer_inputs_take_the_ranks_a_model_declares() -> None:
+    ranks = {name: 2 for name in api.INPUT_DATATYPES}
+    inputs = {i.name(): list(i.shape()) for i in
+              grpc_transport.build_infer_inputs("hi", ALL_PARAMS, True, ranks)}
+    assert inputs["text_input"] == [1, 1] and inputs["stop_words"] == [1, 2]
+    assert all(shape[0] == 1 and len(shape) == 2 for shape in inputs.values())
 
 
 def test_infer_inputs_leave_out_unset_params() -> None:
@@ -108,6 +116,14 @@ def grpc_server() -> Iterator[GrpcStandIn]:
         def ServerMetadata(self, request: Any, context: Any) -> Any:
             return service_pb2.ServerMetadataResponse(name="triton", version=version[0])
 
+        def ModelMetadata(self, request: Any, context: Any) -> Any:
+            """The ensemble's inputs: a batch dimension first (max_batch_size 1)."""
+            meta = service_pb2.ModelMetadataResponse(name=request.name)
+            for name, datatype in api.INPUT_DATATYPES.items():
+                meta.inputs.add(name=name, datatype=datatype,
+                                shape=[-1, -1 if name == "stop_words" else 1])
+            return meta
+
         def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
             headers.append(dict(context.invocation_metadata()))
             clean = []
@@ -115,13 +131,14 @@ def grpc_server() -> Iterator[GrpcStandIn]:
             for request in request_iterator:
                 requests.append(request)
                 yield from script[0](request, context)
-            clean.append(context.is_active())   # the client half-closed: the stream ends here
+            if context.is_active():   # the client half-closed: the stream ends here, not cut
+                clean.append(True)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    grpc_transport._versions.clear()
+    grpc_transport._facts.clear()
     try:
         yield GrpcStandIn(f"127.0.0.1:{port}", script, requests, cancelled, version, headers,
                           ended)
@@ -171,13 +188,14 @@ def test_grpc_stream_round_trip(grpc_server: GrpcStandIn) -> None:
     request = grpc_server.requests[0]
     assert request.model_name == "ensemble"
     assert request.parameters["triton_enable_empty_final_response"].bool_param
+    # Shaped as the model's metadata says: the ensemble's batch dimension first.
     assert _request_inputs(request) == {
-        "text_input": ("BYTES", [1], [b"Hi"]), "stream": ("BOOL", [1], [True]),
-        "max_tokens": ("INT32", [1], [16]),
-        "temperature": ("FP32", [1], [pytest.approx(0.7)]),
-        "top_p": ("FP32", [1], [pytest.approx(0.9)]), "top_k": ("INT32", [1], [40]),
-        "seed": ("UINT64", [1], [2**63 + 5]), "num_draft_tokens": ("INT32", [1], [4]),
-        "stop_words": ("BYTES", [2], [b"\n\n", b"END"]),
+        "text_input": ("BYTES", [1, 1], [b"Hi"]), "stream": ("BOOL", [1, 1], [True]),
+        "max_tokens": ("INT32", [1, 1], [16]),
+        "temperature": ("FP32", [1, 1], [pytest.approx(0.7)]),
+        "top_p": ("FP32", [1, 1], [pytest.approx(0.9)]), "top_k": ("INT32", [1, 1], [40]),
+        "seed": ("UINT64", [1, 1], [2**63 + 5]), "num_draft_tokens": ("INT32", [1, 1], [4]),
+        "stop_words": ("BYTES", [1, 2], [b"\n\n", b"END"]),
     }
 
 
@@ -189,7 +207,7 @@ def test_grpc_generate_sends_stream_false(grpc_server: GrpcStandIn) -> None:
     assert result.time_to_first_token_s is None
     request = grpc_server.requests[0]
     assert request.model_name == "other"
-    assert _request_inputs(request)["stream"] == ("BOOL", [1], [False])
+    assert _request_inputs(request)["stream"] == ("BOOL", [1, 1], [False])
 
 
 def test_grpc_error_response_raises_and_closes_the_stream_cleanly(

@@ -31,7 +31,7 @@ class Silent(service_pb2_grpc.GRPCInferenceServiceServicer):
     def ModelMetadata(self, request, context):
         meta = service_pb2.ModelMetadataResponse(name=request.name)
         for name in ("text_input", "stream", "max_tokens", "temperature", "num_draft_tokens"):
-            meta.inputs.add(name=name, shape=[1])
+            meta.inputs.add(name=name, shape=[-1, 1])
         return meta
 
     def ModelStreamInfer(self, request_iterator, context):

@@ -24,7 +24,8 @@ from .settings import OrchestratorSettings
 
 INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS, names.STREAM,
           names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS,
-          names.PROPOSER)
+          names.PROPOSER, names.RANDOM_SEED, names.EXCLUDE_INPUT_IN_OUTPUT,
+          names.FREQUENCY_PENALTY, names.PRESENCE_PENALTY, names.BAD_WORDS)
 
 
 class Unavailable(RuntimeError):
@@ -80,7 +81,8 @@ class Orchestrator:
                         last = chunk.finish_reason is not None
                         if last:  # a client reading the metrics after its answer sees its counts
                             self.metrics.flush()
-                        sender.send(self._response(shown, pending, chunk, last),
+                        sender.send(self._response(shown, pending, chunk, last,
+                                                   len(req.prompt)),
                                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
                         final_sent = last
                         shown.extend(pending)
@@ -107,13 +109,15 @@ class Orchestrator:
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.metrics.finished(finish, stats)
 
-    def _response(self, shown: list[int], new: list[int], chunk: Chunk, last: bool):
+    def _response(self, shown: list[int], new: list[int], chunk: Chunk, last: bool,
+                  prompt_tokens: int):
         pb, st = self.pb, chunk.stats
         ids, prefix = detokenize.window(shown, new)
         tensors = {
             names.OUTPUT_IDS: np.array(ids, np.int32),
             names.PREFIX_LENGTH: np.array([prefix], np.int32),
             names.IS_FINAL: np.array([last], bool),
+            names.NUM_INPUT_TOKENS: np.array([prompt_tokens], np.int32),
             names.NUM_OUTPUT_TOKENS: np.array([st.num_output_tokens], np.int32),
             names.TOTAL_DRAFT_TOKENS: np.array([st.total_draft_tokens], np.int32),
             names.TOTAL_ACCEPTED_DRAFT_TOKENS: np.array([st.total_accepted_draft_tokens], np.int32),

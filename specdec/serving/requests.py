@@ -57,13 +57,13 @@ def parse_text(inputs: dict) -> str:
 
 
 def parse_stop_words(inputs: dict) -> list[str]:
+    """The stop words; an empty string is none (TensorRT-LLM's requests send `"stop_words": ""`
+    for no stop word)."""
     arr = inputs.get(names.STOP_WORDS)
     if arr is None:
         return []
     words = [decode_text(v, names.STOP_WORDS) for v in np.asarray(arr, dtype=object).reshape(-1)]
-    if any(not w for w in words):
-        raise InvalidInput(f"{names.STOP_WORDS}: empty stop word")
-    return words
+    return [w for w in words if w]
 
 
 def check_sizes(text: str, stop_words: list[str], limits: RequestLimits) -> None:
@@ -115,7 +115,8 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
         raise InvalidInput(f"{names.NUM_DRAFT_TOKENS}: {k} is outside "
                            f"0..{settings.max_draft_tokens} (-1 or absent: chosen per round)")
     auto = k == AUTO
-    seed = _scalar(inputs, names.SEED, None)
+    seed = _seed(inputs)
+    _refuse_unimplemented(inputs)
     reproducible = seed is not None and temperature > 0
     seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed) & (2**64 - 1)
     stream = bool(_scalar(inputs, names.STREAM, False))
@@ -123,6 +124,32 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     return Request(prompt, max_tokens, settings.max_draft_tokens if auto else k, sampling, stop,
                    eos, auto, reproducible, proposer=parse_proposer(inputs, settings)), stream
+
+
+def _seed(inputs: dict):
+    """seed, or TensorRT-LLM's random_seed (the same value twice is fine, two values are not)."""
+    seed = _scalar(inputs, names.SEED, None)
+    random_seed = _scalar(inputs, names.RANDOM_SEED, None)
+    if seed is not None and random_seed is not None and int(seed) != int(random_seed):
+        raise InvalidInput(f"{names.RANDOM_SEED}: {random_seed} differs from {names.SEED} {seed}; "
+                           f"send one of them")
+    return random_seed if seed is None else seed
+
+
+def _refuse_unimplemented(inputs: dict) -> None:
+    """TensorRT-LLM-format inputs that ask for what is not implemented, each by name."""
+    if not bool(_scalar(inputs, names.EXCLUDE_INPUT_IN_OUTPUT, True)):
+        raise InvalidInput(f"{names.EXCLUDE_INPUT_IN_OUTPUT}: false (the prompt echoed in the "
+                           f"output) is not supported; the output is the generated text alone")
+    for name in (names.FREQUENCY_PENALTY, names.PRESENCE_PENALTY):
+        value = float(_scalar(inputs, name, 0.0))
+        if value != 0.0:
+            raise InvalidInput(f"{name}: {value} is not supported (only 0): a penalty would change "
+                               f"the target's distribution, which speculation must keep")
+    bad = inputs.get(names.BAD_WORDS)
+    if bad is not None and any(decode_text(v, names.BAD_WORDS)
+                               for v in np.asarray(bad, dtype=object).reshape(-1)):
+        raise InvalidInput(f"{names.BAD_WORDS}: not supported (empty only)")
 
 
 def parse_proposer(inputs: dict, settings: OrchestratorSettings) -> str:

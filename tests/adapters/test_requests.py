@@ -189,8 +189,9 @@ def test_stop_words():
     assert parse_stop_words({}) == []
     words = np.array(["end".encode(), "終わり".encode(), "\n\n"], object)
     assert parse_stop_words({names.STOP_WORDS: words}) == ["end", "終わり", "\n\n"]
-    with pytest.raises(InvalidInput, match="^stop_words: empty stop word"):
-        parse_stop_words({names.STOP_WORDS: np.array([b"end", b""], object)})
+    # An empty string is no stop word, as in TensorRT-LLM's requests ("stop_words": "").
+    assert parse_stop_words({names.STOP_WORDS: np.array([b"end", b""], object)}) == ["end"]
+    assert parse_stop_words({names.STOP_WORDS: np.array([b""], object)}) == []
     with pytest.raises(InvalidInput, match="^stop_words: not valid UTF-8"):
         parse_stop_words({names.STOP_WORDS: np.array([b"\xc3"], object)})
 

@@ -97,7 +97,8 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not _ready(f"127.0.0.1:{http}"):
         if proc.poll() is not None or time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"tritonserver did not become ready:\n{log.read_text()[-4000:]}")
         time.sleep(1)
     yield Server(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, proc.pid)

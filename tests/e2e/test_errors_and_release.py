@@ -32,13 +32,14 @@ def test_bad_input_is_a_named_400(server, change, field):
 
 
 @pytest.mark.parametrize("name,dtype,shape", [
-    ("max_tokens", "INT64", [1]), ("temperature", "FP32", [2]), ("seed", "INT32", [1])])
+    ("max_tokens", "INT64", [1, 1]), ("temperature", "FP32", [1, 2]), ("seed", "INT32", [1, 1]),
+    ("max_tokens", "INT32", [1])])   # no batch dimension: the ensemble's tensors are [1, 1]
 def test_wrong_dtype_or_shape_is_refused_naming_the_input(server, name, dtype, shape):
     import numpy as np
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import triton_to_np_dtype
-    text = grpcclient.InferInput("text_input", [1], "BYTES")
-    text.set_data_from_numpy(np.array([b"def f():"], dtype=object))
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"def f():"]], dtype=object))
     bad = grpcclient.InferInput(name, shape, dtype)
     bad.set_data_from_numpy(np.ones(shape, dtype=triton_to_np_dtype(dtype)))
     from specdec_client.grpc_transport import close_stream

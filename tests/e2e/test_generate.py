@@ -17,8 +17,12 @@ def greedy(k: int, max_tokens: int = 32) -> GenerationParams:
 
 
 def test_http_generate_returns_text_and_statistics(server):
+    from specdec.serving.tokenizer import load_tokenizer
+    from tests.e2e.conftest import ROOT
     r = generate(server.http, PROMPTS[0], greedy(4))
     assert r.text and r.finish_reason in ("length", "eos", "stop")
+    tokenizer = load_tokenizer(ROOT / "models" / "default" / "target")
+    assert r.num_input_tokens == len(tokenizer(PROMPTS[0])["input_ids"])
     assert 1 <= r.num_output_tokens <= 32
     assert r.total_draft_tokens > 0
     assert 0 <= r.total_accepted_draft_tokens <= r.total_draft_tokens
