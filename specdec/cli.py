@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "whether speculation pays"),
     "distill": ("specdec.distill.cli", "train a draft model from the target itself"),
     "probe": ("specdec.serving.probe", "check that every model a request needs answers (probes)"),
+    "openai": ("specdec.openai.cli", "serve the OpenAI API (chat and completions) in front of "
+                                     "the ensemble"),
 }
 
 

@@ -10,3 +10,14 @@ from __future__ import annotations
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer   # the serve extra; imported where it is needed
     return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """A prompt's ids. A text that already begins with the BOS token (a chat template rendered to
+    text, as the OpenAI gateway and Triton's own OpenAI frontend send it) gets no second one
+    from a tokenizer that adds BOS itself: the ids equal apply_chat_template's."""
+    ids = tokenizer(text)["input_ids"]
+    bos, bos_id = tokenizer.bos_token, tokenizer.bos_token_id
+    if bos and bos_id is not None and text.startswith(bos) and ids[:2] == [bos_id, bos_id]:
+        return ids[1:]
+    return ids

@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
-from specdec.serving.tokenizer import load_tokenizer
+from specdec.serving.tokenizer import encode_prompt, load_tokenizer
 from specdec.serving.requests import (check_prompt_tokens, check_sizes, parse_stop_words,
                                       parse_text)
 from specdec.serving.settings import RequestLimits, tokenizer_path
@@ -33,7 +33,7 @@ class TritonPythonModel:
             inputs = read_inputs(pb_utils, request, (names.TEXT_INPUT, names.STOP_WORDS))
             text, words = parse_text(inputs), parse_stop_words(inputs)
             check_sizes(text, words, self.limits)
-            ids = self.tokenizer(text)["input_ids"]
+            ids = encode_prompt(self.tokenizer, text)
             check_prompt_tokens(len(ids), self.limits)
             stops = [ids for w in words for ids in self._variants(w)]
         except Exception as exc:

@@ -1,0 +1,278 @@
+"""OpenAI request bodies in, OpenAI responses and stream chunks out.
+
+A body is checked field by field: what is implemented becomes the ensemble's GenerationParams,
+what is not (n > 1, logprobs, tools, response formats, penalties, ...) is a 400 naming the
+parameter, and so is a field OpenAI's API does not define. The speculative extras
+(`num_draft_tokens`, `proposer`, and `top_k`) come as top-level fields, which is where the
+openai SDK's `extra_body` puts them.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specdec_client import GenerationParams, Result
+
+# Fields of OpenAI's request bodies that change nothing here (identification, storage, routing).
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+SAMPLING = ("temperature", "top_p", "seed", "stop", "max_tokens", "top_k", "num_draft_tokens",
+            "proposer", "stream", "stream_options", "n", "frequency_penalty", "presence_penalty",
+            "a logit bias (it would change the model's distribution)")
+CHAT_FIELDS = ("model", "messages", "max_completion_tokens", "logprobs", "top_logprobs",
+               "tools", "tool_choice", "functions", "function_call", "response_format",
+               "modalities") + SAMPLING + IGNORED
+COMPLETION_FIELDS = ("model", "prompt", "echo", "suffix", "best_of", "logprobs") + SAMPLING + \
+    IGNORED
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# The ensemble's finish reasons in OpenAI's words.
+FINISH = {"length": "length", "eos": "stop", "stop": "stop", "cancelled": "stop"}
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error format."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param)
+
+
+@dataclass
+class Generation:
+    """One request, as the ensemble will see it."""
+    chat: bool
+    model: str
+    prompt: str                  # the rendered chat template, or the completion prompt
+    params: GenerationParams
+    stream: bool
+    include_usage: bool
+    max_param: str               # the body's name for max_tokens, for errors
+
+
+def _number(body: dict, name: str, lo: float, hi: float | None = None) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(name, f"expected a number, got {value!r:.40}")
+    if value < lo or (hi is not None and value > hi):
+        raise bad(name, f"{value} is outside {lo}..{hi}" if hi is not None else
+                  f"{value} must be >= {lo}")
+    return value
+
+
+def _integer(body: dict, name: str, lo: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(name, f"expected an integer, got {value!r:.40}")
+    if value < lo:
+        raise bad(name, f"{value} must be >= {lo}")
+    return value
+
+
+def _must_be(body: dict, name: str, allowed: tuple, what: str) -> None:
+    """A field that is accepted only at its do-nothing values."""
+    if name in body and body[name] not in allowed:
+        raise bad(name, f"{what} is not supported")
+
+
+def _common(body: dict, fields: tuple[str, ...], served: str) -> None:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise bad(unknown[0], "unknown parameter")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "required (a string)")
+    if model != served:
+        raise ApiError(404, f"the model '{model:.100}' does not exist; this server serves "
+                            f"'{served}'", "model", "model_not_found")
+    _must_be(body, "n", (None, 1), "a value other than 1")
+    for name in ("frequency_penalty", "presence_penalty"):
+        _must_be(body, name, (None, 0, 0.0), "a value other than 0 (a penalty would change "
+                                             "the model's distribution)")
+    _must_be(body, "logit_bias", (None, {}),
+             "a logit bias (it would change the model's distribution)")
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise bad("stream_options", "only with stream: true")
+
+
+def _params(body: dict, max_param: str) -> GenerationParams:
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise bad("stop", "expected a string or a list of strings")
+    proposer = body.get("proposer")
+    if proposer is not None and not isinstance(proposer, str):
+        raise bad("proposer", "expected a string")
+    k = body.get("num_draft_tokens")
+    try:
+        return GenerationParams(
+            max_tokens=_integer(body, max_param, 1), temperature=_number(body, "temperature", 0, 2),
+            top_p=_number(body, "top_p", 0, 1), top_k=_integer(body, "top_k", 0),
+            seed=_integer(body, "seed", 0), stop_words=stop or None,
+            num_draft_tokens=None if k is None else _integer(body, "num_draft_tokens", -1),
+            proposer=proposer)
+    except (TypeError, ValueError) as e:   # GenerationParams' own checks name the field
+        name = str(e).split(" ", 1)[0]
+        raise bad({"max_tokens": max_param, "stop_words": "stop"}.get(name, name), str(e))
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad("stream", "expected true or false")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise bad("stream_options", "only include_usage is supported")
+    return stream, bool(options.get("include_usage", False))
+
+
+def parse_chat(body: dict, served: str, tokenizer) -> Generation:
+    _common(body, CHAT_FIELDS, served)
+    _must_be(body, "logprobs", (None, False), "log probabilities")
+    _must_be(body, "top_logprobs", (None, 0), "log probabilities")
+    _must_be(body, "tools", (None, []), "function calling")
+    _must_be(body, "tool_choice", (None, "none"), "function calling")
+    _must_be(body, "functions", (None, []), "function calling")
+    _must_be(body, "function_call", (None, "none"), "function calling")
+    _must_be(body, "modalities", (None, ["text"]), "an output other than text")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise bad("response_format", "only {\"type\": \"text\"} is supported")
+    max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    stream, usage = _stream_flags(body)
+    prompt = render_chat(tokenizer, messages(body.get("messages")))
+    return Generation(True, body["model"], prompt, _params(body, max_param), stream, usage,
+                      max_param)
+
+
+def parse_completion(body: dict, served: str) -> Generation:
+    _common(body, COMPLETION_FIELDS, served)
+    _must_be(body, "echo", (None, False), "echoing the prompt")
+    _must_be(body, "suffix", (None, ""), "a suffix (insertion)")
+    _must_be(body, "best_of", (None, 1), "a value other than 1")
+    _must_be(body, "logprobs", (None, 0), "log probabilities")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad("prompt", "expected one string (lists of prompts and token ids are not "
+                            "supported)")
+    if not prompt:
+        raise bad("prompt", "empty")
+    stream, usage = _stream_flags(body)
+    return Generation(False, body["model"], prompt, _params(body, "max_tokens"), stream, usage,
+                      "max_tokens")
+
+
+def messages(raw: Any) -> list[dict[str, str]]:
+    """OpenAI messages -> [{"role", "content"}] for a chat template; text content only."""
+    if not isinstance(raw, list) or not raw:
+        raise bad("messages", "expected a non-empty list")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad("messages", f"[{i}]: role must be one of {', '.join(ROLES)} (tool "
+                                  f"messages are not supported)")
+        content = m.get("content")
+        if isinstance(content, list):   # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise bad("messages", f"[{i}]: only text content parts are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad("messages", f"[{i}]: content must be a string or text parts")
+        out.append({"role": ROLES[m["role"]], "content": content})
+    return out
+
+
+def render_chat(tokenizer, conversation: list[dict[str, str]]) -> str:
+    """The target's chat template with the generation prompt, as text (the ensemble tokenizes
+    it, a leading BOS not doubled: specdec/serving/tokenizer.py)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise bad("messages", "this model's tokenizer has no chat template; use /v1/completions "
+                              "with a prompt")
+    try:
+        return tokenizer.apply_chat_template(conversation, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as e:   # the template's own refusal, e.g. roles out of order
+        raise bad("messages", f"the chat template refused them: {e}") from None
+
+
+# ---------------------------------------------------------------- responses
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(result: Result) -> dict:
+    prompt, completion = result.num_input_tokens or 0, result.num_output_tokens or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def speculation(result: Result) -> dict:
+    """The request's speculative statistics, a field OpenAI clients ignore."""
+    return {"total_draft_tokens": result.total_draft_tokens,
+            "total_accepted_draft_tokens": result.total_accepted_draft_tokens,
+            "acceptance_rate": result.acceptance_rate,
+            "ngram_draft_tokens": result.ngram_draft_tokens,
+            "ngram_accepted_tokens": result.ngram_accepted_tokens}
+
+
+def finish_reason(result: Result) -> str:
+    return FINISH.get(result.finish_reason or "", "stop")
+
+
+def response(gen: Generation, rid: str, result: Result) -> dict:
+    if gen.chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                  "logprobs": None, "finish_reason": finish_reason(result)}
+    else:
+        choice = {"index": 0, "text": result.text, "logprobs": None,
+                  "finish_reason": finish_reason(result)}
+    return {"id": rid, "object": "chat.completion" if gen.chat else "text_completion",
+            "created": int(time.time()), "model": gen.model, "choices": [choice],
+            "usage": usage(result), "specdec": speculation(result)}
+
+
+def chunk(gen: Generation, rid: str, created: int, text: str | None,
+          finish: str | None = None, first: bool = False) -> dict:
+    """A stream chunk carrying `text` (or, with `finish`, the end of the choice)."""
+    if gen.chat:   # the first chunk names the role
+        delta: dict = {"role": "assistant", "content": ""} if first else {}
+        if text:
+            delta["content"] = text
+        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    out = {"id": rid, "object": "chat.completion.chunk" if gen.chat else "text_completion",
+           "created": created, "model": gen.model, "choices": [choice]}
+    if gen.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(gen: Generation, rid: str, created: int, result: Result) -> dict:
+    """stream_options.include_usage: a last chunk with no choices and the usage."""
+    return {"id": rid, "object": "chat.completion.chunk" if gen.chat else "text_completion",
+            "created": created, "model": gen.model, "choices": [], "usage": usage(result),
+            "specdec": speculation(result)}

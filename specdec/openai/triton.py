@@ -1,0 +1,139 @@
+"""The ensemble over gRPC streaming, with tritonclient's asyncio client: one stream a request.
+
+The request iterator yields the one request and ends, which half-closes the stream: the server
+ends it as soon as the request is done, so a finished or failed request closes cleanly. Only a
+consumer that stops early (its HTTP client went away) cancels the stream, and the server's
+cancellation frees the sequence's slots. Status codes (triton_grpc_error) are asked only of a
+server that reports Triton 2.68 or later (docs/reliability.md); elsewhere errors arrive as
+messages and `api_error` reads them.
+"""
+from __future__ import annotations
+
+import codecs
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from specdec import names
+from specdec_client import GenerationParams
+from specdec_client.api import Collector
+from specdec_client.grpc_transport import (build_infer_inputs, outputs_from_infer_result,
+                                           parse_version, stream_headers)
+
+from .protocol import ApiError, Generation
+
+FACTS_TTL_S = 60.0
+RETRY_AFTER_S = "1"
+# The ensemble's input names in the OpenAI body's words, for errors that name one.
+PARAMS = {names.TEMPERATURE: "temperature", names.TOP_P: "top_p", names.TOP_K: "top_k",
+          names.SEED: "seed", names.NUM_DRAFT_TOKENS: "num_draft_tokens",
+          names.STOP_WORDS: "stop", names.PROPOSER: "proposer"}
+_REFUSAL = re.compile(r"in ensemble '[^']*', (\w+): (.*)", re.S)
+
+
+class TritonError(Exception):
+    def __init__(self, message: str, status: str | None = None):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+class Ensemble:
+    def __init__(self, url: str, model: str = names.ENSEMBLE):
+        self.url, self.model = url, model
+        self._client = None
+        self._facts: tuple[float, dict | None, dict[str, int]] | None = None
+
+    @property
+    def client(self):
+        """Made on first use, inside the server's event loop (a gRPC aio channel belongs to the
+        loop it was made in)."""
+        if self._client is None:
+            from tritonclient.grpc.aio import InferenceServerClient
+            self._client = InferenceServerClient(self.url)
+        return self._client
+
+    async def facts(self) -> tuple[dict | None, dict[str, int]]:
+        """(stream headers for the server's version, the model's input ranks), a minute old
+        at most."""
+        now = time.monotonic()
+        if self._facts is None or now - self._facts[0] > FACTS_TTL_S:
+            from tritonclient.utils import InferenceServerException
+            try:
+                server = await self.client.get_server_metadata()
+                model = await self.client.get_model_metadata(self.model)
+            except InferenceServerException as e:
+                raise TritonError(e.message(), e.status()) from None
+            self._facts = (now, stream_headers(parse_version(server.version)),
+                           {i.name: len(i.shape) for i in model.inputs})
+        return self._facts[1], self._facts[2]
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.is_model_ready(self.model, client_timeout=5))
+        except Exception:
+            return False
+
+    async def generate(self, prompt: str, params: GenerationParams,
+                       stream: bool) -> AsyncIterator[dict[str, Any]]:
+        """The outputs of each response; TritonError for an error, the server's or the
+        connection's. Leaving early (an exception or cancellation in the consumer) cuts the
+        stream."""
+        import grpc
+        headers, ranks = await self.facts()
+        inputs = build_infer_inputs(prompt, params, stream, ranks)
+
+        async def one_request():
+            yield {"model_name": self.model, "inputs": inputs, "request_id": uuid.uuid4().hex}
+
+        responses = self.client.stream_infer(one_request(), headers=headers)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        ended = False
+        try:
+            while True:
+                try:
+                    result, error = await responses.__anext__()
+                except StopAsyncIteration:
+                    ended = True
+                    return
+                except grpc.RpcError as e:   # the stream's own status (a code, or a broken link)
+                    ended = True
+                    raise TritonError(e.details() or str(e.code()), str(e.code())) from None
+                if error is not None:
+                    ended = True   # an error is its request's last response
+                    raise TritonError(error.message(), error.status())
+                params_ = result.get_response().parameters
+                final = "triton_final_response" in params_ and \
+                    params_["triton_final_response"].bool_param
+                yield outputs_from_infer_result(result, decoder, final)
+        finally:
+            if not ended:
+                responses.cancel()
+
+    async def collect(self, gen: Generation) -> Collector:
+        collector = Collector()
+        async for outputs in self.generate(gen.prompt, gen.params, False):
+            collector.add(outputs)
+        return collector
+
+
+def api_error(e: TritonError, gen: Generation) -> ApiError:
+    """The ensemble's error as OpenAI's: 503 to retry (a full server, a model restarting, a
+    server not answering), 400 naming the parameter for a refusal, 500 for the server's own."""
+    message = e.message
+    if names.UNAVAILABLE in message or e.status in ("StatusCode.UNAVAILABLE",
+                                                    "StatusCode.RESOURCE_EXHAUSTED"):
+        return ApiError(503, f"the server cannot take this request now; retry later ({message})",
+                        code="unavailable", headers={"Retry-After": RETRY_AFTER_S})
+    refusal = _REFUSAL.match(message)
+    if refusal and e.status in (None, "StatusCode.INVALID_ARGUMENT"):
+        field, reason = refusal.groups()
+        prompt = "messages" if gen.chat else "prompt"
+        param = {**PARAMS, names.MAX_TOKENS: gen.max_param, names.TEXT_INPUT: prompt,
+                 names.INPUT_IDS: prompt}.get(field)
+        if param is not None:
+            return ApiError(400, f"{param}: {reason}", param)
+    if e.status == "StatusCode.INVALID_ARGUMENT":
+        return ApiError(400, message)
+    return ApiError(500, f"the server failed: {message}")

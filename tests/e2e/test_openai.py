@@ -1,0 +1,306 @@
+"""`specdec openai` with the official openai package as the client, on a real tritonserver of its
+own (one sequence slot and a one-second queue, so a full server is easy to make).
+
+Two gateways: one whose tokenizer is the default target's with a ChatML chat template added (the
+weights and the vocabulary unchanged), one on the default tokenizer, which has no template.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from specdec.serving.tokenizer import load_tokenizer  # noqa: E402
+from specdec_client import GenerationParams, generate, generate_stream  # noqa: E402
+from tests.e2e.conftest import ROOT, _free_port, heldout_prompts, launch, wait_for  # noqa: E402
+
+TARGET = ROOT / "models" / "default" / "target"
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+PROMPT = heldout_prompts(3)[2]
+CHAT = [{"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "def parse_header(line):"}]
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    yield from launch(tmp_path_factory, {"SPECDEC_MAX_SEQUENCES": "1",
+                                         "SPECDEC_QUEUE_TIMEOUT_S": "1"})
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    """The default target's tokenizer files with a chat template; named like a served model."""
+    path = tmp_path_factory.mktemp("tok") / "specdec-chat"
+    path.mkdir()
+    for f in TARGET.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".json") and "token" in f.name:
+            shutil.copy(f, path / f.name)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHATML
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def start_gateway(grpc: str, tokenizer, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec.cli", "openai", "--grpc-url", grpc, "--port",
+             str(port), "--tokenizer", str(tokenizer)], cwd=ROOT, stdout=out,
+            stderr=subprocess.STDOUT)
+
+    def live():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health/live",
+                                          timeout=2).status == 200
+        except OSError:
+            return False
+    assert wait_for(live, 120), log.read_text()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def gateway(triton, templated, tmp_path_factory):
+    proc, url = start_gateway(triton.grpc, templated, tmp_path_factory)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def plain_gateway(triton, tmp_path_factory):
+    proc, url = start_gateway(triton.grpc, TARGET, tmp_path_factory)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(gateway):
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def chat_prompt(templated) -> tuple[str, int]:
+    """The template applied as the gateway applies it: (text, token count)."""
+    tok = load_tokenizer(str(templated))
+    text = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    ids = tok.apply_chat_template(CHAT, tokenize=True, add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    return text, len(ids)
+
+
+def greedy(max_tokens: int, **kw) -> GenerationParams:
+    return GenerationParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def test_models_lists_the_served_name(client):
+    assert [m.id for m in client.models.list().data] == ["specdec-chat"]
+
+
+def test_chat_equals_the_ensembles_greedy_output_for_the_templated_prompt(client, triton,
+                                                                         chat_prompt):
+    text, prompt_tokens = chat_prompt
+    ours = generate(triton.http, text, greedy(24))
+    r = client.chat.completions.create(model="specdec-chat", messages=CHAT, max_tokens=24,
+                                       temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == ours.text
+    assert r.choices[0].finish_reason == ("length" if ours.finish_reason == "length" else "stop")
+    assert r.usage.prompt_tokens == prompt_tokens
+    assert r.usage.completion_tokens == ours.num_output_tokens
+    assert r.usage.total_tokens == prompt_tokens + ours.num_output_tokens
+    assert r.model_extra["specdec"]["total_draft_tokens"] >= 0
+
+
+def test_chat_stream_with_usage(client, triton, chat_prompt):
+    text, prompt_tokens = chat_prompt
+    ours = generate(triton.http, text, greedy(24))
+    chunks = list(client.chat.completions.create(
+        model="specdec-chat", messages=CHAT, max_completion_tokens=24, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([p for p in pieces if p]) > 1 and "".join(pieces) == ours.text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("length", "stop") and not any(finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == prompt_tokens
+    assert chunks[-1].usage.completion_tokens == ours.num_output_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_streamed_and_not(client, triton):
+    ours = generate(triton.http, PROMPT, greedy(20))
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=20,
+                                  temperature=0)
+    assert r.choices[0].text == ours.text
+    assert r.usage.completion_tokens == ours.num_output_tokens
+    tok = load_tokenizer(str(TARGET))
+    assert r.usage.prompt_tokens == len(tok(PROMPT)["input_ids"])
+    chunks = list(client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=20,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == ours.text
+
+
+def test_stop_seed_and_the_speculative_extras(client, triton):
+    first = generate(triton.http, PROMPT, greedy(16)).text
+    stop = first.strip().split()[1]
+    ours = generate(triton.http, PROMPT, greedy(16, stop_words=[stop]))
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=16,
+                                  temperature=0, stop=stop)
+    assert r.choices[0].text == ours.text and r.choices[0].finish_reason == "stop"
+    sampled = generate(triton.http, PROMPT, GenerationParams(max_tokens=16, temperature=0.9,
+                                                             top_p=0.95, seed=5))
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=16,
+                                  temperature=0.9, top_p=0.95, seed=5)
+    assert r.choices[0].text == sampled.text
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=16,
+                                  temperature=0, extra_body={"num_draft_tokens": 0})
+    assert r.model_extra["specdec"]["total_draft_tokens"] == 0
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=16,
+                                  temperature=0, extra_body={"proposer": "ngram",
+                                                             "num_draft_tokens": 4})
+    stats = r.model_extra["specdec"]
+    assert stats["ngram_draft_tokens"] == stats["total_draft_tokens"]
+    assert r.choices[0].text == first
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"presence_penalty": -1.0}, "presence_penalty"),
+    ({"extra_body": {"ignore_eos": True}}, "ignore_eos"),
+    ({"max_tokens": 100000}, "max_tokens"),                 # refused by the ensemble
+    ({"max_completion_tokens": 100000}, "max_completion_tokens"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"extra_body": {"num_draft_tokens": 99}}, "num_draft_tokens"),
+    ({"extra_body": {"proposer": "magic"}}, "proposer")])
+def test_what_is_not_implemented_or_out_of_range_is_a_400_naming_the_parameter(client, kwargs,
+                                                                              param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="specdec-chat", messages=CHAT, **kwargs)
+    assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
+    assert e.value.body["message"].startswith(f"{param}: ")
+
+
+def test_an_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+
+
+def test_a_tokenizer_without_a_template_refuses_chat_and_serves_completions(plain_gateway,
+                                                                           triton):
+    plain = openai.OpenAI(base_url=f"{plain_gateway}/v1", api_key="unused", max_retries=0)
+    served = plain.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError) as e:
+        plain.chat.completions.create(model=served, messages=CHAT)
+    assert e.value.body["param"] == "messages" and "chat template" in e.value.body["message"]
+    r = plain.completions.create(model=served, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert r.choices[0].text == generate(triton.http, PROMPT, greedy(8)).text
+
+
+def hold_the_slot(triton):
+    """A long stream in the server's one sequence slot, past its first piece (over HTTP, whose
+    cancel cannot touch Triton 2.51's gRPC cancellation race)."""
+    stream = generate_stream(triton.http, PROMPT, GenerationParams(max_tokens=1000))
+    next(iter(stream))
+    return stream
+
+
+def test_a_full_server_is_a_503_with_retry_after(client, triton):
+    stream = hold_the_slot(triton)
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=4)
+        assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
+        assert e.value.body["code"] == "unavailable"
+        with pytest.raises(openai.APIStatusError) as e:   # streamed: decided before the body
+            client.chat.completions.create(model="specdec-chat", messages=CHAT, stream=True)
+        assert e.value.status_code == 503
+    finally:
+        stream.cancel()
+    assert wait_for(lambda: triton.metric("specdec_active_sequences") == 0)
+
+
+def test_a_server_that_does_not_answer_is_a_503(tmp_path_factory, templated):
+    closed = _free_port()
+    proc, url = start_gateway(f"127.0.0.1:{closed}", templated, tmp_path_factory)
+    try:
+        down = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as e:
+            down.completions.create(model="specdec-chat", prompt="x", max_tokens=2)
+        assert e.value.status_code == 503
+        assert urllib.request.urlopen(f"{url}/health/live", timeout=5).status == 200
+        with pytest.raises(urllib.error.HTTPError) as ready:
+            urllib.request.urlopen(f"{url}/health", timeout=10)
+        assert ready.value.code == 503
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def slots_free(triton) -> bool:
+    return (triton.metric("specdec_active_sequences") == 0
+            and triton.metric("specdec_kv_slots_used", model="target_model") == 0)
+
+
+def test_a_client_that_leaves_a_stream_frees_its_slot(client, triton):
+    t0 = time.monotonic()
+    stream = client.chat.completions.create(model="specdec-chat", messages=CHAT,
+                                            max_tokens=1000, stream=True)
+    next(iter(stream))
+    assert triton.metric("specdec_active_sequences") == 1
+    stream.close()
+    assert wait_for(lambda: slots_free(triton), 30)
+    assert time.monotonic() - t0 < 30   # long before 1000 tokens
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=4)
+    assert r.usage.completion_tokens == 4
+
+
+def test_a_client_that_leaves_before_the_answer_frees_its_slot(gateway, client, triton):
+    host, port = gateway.removeprefix("http://").split(":")
+    body = json.dumps({"model": "specdec-chat", "prompt": PROMPT, "max_tokens": 1000}).encode()
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert wait_for(lambda: triton.metric("specdec_active_sequences") == 1, 30)
+    assert wait_for(lambda: slots_free(triton), 30)
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=4)
+    assert r.usage.completion_tokens == 4
+
+
+def test_concurrent_streams_through_one_gateway(client, triton):
+    """Four at once into one slot: each completes, waiting its turn within the queue timeout,
+    or is refused 503; none hangs."""
+    outcomes = []
+
+    def one():
+        try:
+            r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=4,
+                                          temperature=0)
+            outcomes.append(r.choices[0].text)
+        except openai.APIStatusError as e:
+            outcomes.append(e.status_code)
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    expected = generate(triton.http, PROMPT, greedy(4)).text
+    assert len(outcomes) == 4 and all(o in (expected, 503) for o in outcomes), outcomes
+    assert expected in outcomes
