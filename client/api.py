@@ -1,22 +1,19 @@
 """Client API for the speculative-decoding ensemble served by Triton.
 
-HTTP goes through the standard library so that a plain HTTP client needs no
-third-party package; gRPC imports tritonclient only when used.
+The parameters, results and streams live here; the transports load only when used: HTTP over
+httpx2 (http_transport.py, the HTTP stack the OpenAI gateway's dependencies bring), gRPC over
+tritonclient (grpc_transport.py).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
 
-from .sse import iter_sse_data
 
 # The tensor names shared with the server (specdec.names imports nothing: no torch here).
 from specdec.names import (  # noqa: E402  (re-exported)
@@ -355,19 +352,6 @@ class TextStream(Iterator[str]):
         self.cancel()
 
 
-def _error_message(raw: bytes, fallback: str) -> str:
-    text = raw.decode("utf-8", "replace").strip()
-    if text.startswith("data:"):   # generate_stream sends its error as one SSE event
-        text = text[len("data:"):].strip()
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return text or fallback
-    if isinstance(obj, dict) and "error" in obj:
-        return str(obj["error"])
-    return text or fallback
-
-
 def decode_event(data: str | bytes) -> dict[str, Any]:
     """Parse one JSON response or SSE event, raising ServerError for an error."""
     try:
@@ -381,79 +365,15 @@ def decode_event(data: str | bytes) -> dict[str, Any]:
     return obj
 
 
-class _HttpCall:
-    """One POST whose socket is kept so another thread can cut it short."""
-
-    def __init__(self, url: str, path: str, body: dict[str, Any], timeout: float | None,
-                 accept: str) -> None:
-        parts = urlsplit(url if "://" in url else "http://" + url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an HTTP URL: {url!r}")
-        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.conn = cls(parts.hostname, parts.port, timeout=timeout)
-        self._closed = False
-        self._lock = threading.Lock()
-        try:
-            self.conn.connect()
-            self.sock = self.conn.sock
-            self.conn.request("POST", parts.path.rstrip("/") + path, body=json.dumps(body).encode(),
-                              headers={"Content-Type": "application/json", "Accept": accept})
-            self.response = self.conn.getresponse()
-            if self.response.status != 200:
-                raw = self.response.read()
-                raise ServerError(_error_message(raw, self.response.reason), self.response.status)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Close the socket, waking a thread blocked reading it."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            sock = getattr(self, "sock", None)
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            self.conn.close()
-
-
-def _model_path(model: str, endpoint: str) -> str:
-    return f"/v2/models/{quote(model, safe='')}/{endpoint}"
-
-
 def generate(url: str, prompt: str, params: GenerationParams | None = None, *,
              model: str = ENSEMBLE, timeout: float | None = DEFAULT_TIMEOUT_S) -> Result:
     """Generate without streaming over HTTP ``/v2/models/{model}/generate``.
 
     ``timeout`` bounds each socket operation in seconds.
     """
-    collector = Collector()
-    call = _HttpCall(url, _model_path(model, "generate"),
-                     build_generate_body(prompt, params, False), timeout, "application/json")
-    try:
-        raw = call.response.read()
-    finally:
-        call.close()
-    collector.add(outputs_from_json(decode_event(raw)))
-    return collector.result(streamed=False)
+    from .http_transport import generate as http_generate
 
-
-class _HttpStream(TextStream):
-    def __init__(self, call: _HttpCall, collector: Collector) -> None:
-        super().__init__(collector, streamed=True)
-        self._call = call
-        self._events = iter_sse_data(iter(call.response.readline, b""))
-
-    def _receive(self) -> dict[str, Any] | None:
-        data = next(self._events, None)
-        return None if data is None else outputs_from_json(decode_event(data))
-
-    def _abort(self) -> None:
-        self._call.close()
+    return http_generate(url, prompt, params, model, timeout)
 
 
 def generate_stream(url: str, prompt: str, params: GenerationParams | None = None, *,
@@ -464,10 +384,9 @@ def generate_stream(url: str, prompt: str, params: GenerationParams | None = Non
     Cancelling closes the connection, which is how Triton learns to stop.
     ``timeout`` bounds the wait for each piece in seconds.
     """
-    collector = Collector()
-    call = _HttpCall(url, _model_path(model, "generate_stream"),
-                     build_generate_body(prompt, params, True), timeout, "text/event-stream")
-    return _HttpStream(call, collector)
+    from .http_transport import open_stream
+
+    return open_stream(url, prompt, params, model, timeout)
 
 
 def grpc_stream(url: str, prompt: str, params: GenerationParams | None = None, *,

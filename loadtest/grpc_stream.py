@@ -6,9 +6,9 @@ a half-close) unless the plan cancels it or it times out; status codes are asked
 server without Triton's triton_grpc_error crash (specdec_client.grpc_transport). Input tensors
 take the rank the server's model metadata declares ([1, 1] for the ensemble's batch dimension,
 [1] for a model without one), so the load test follows the model repository's configuration
-instead of assuming one. Responses are collected with specdec_client's Collector, so the timings mean
-exactly what they mean for the HTTP users (seconds since the request was sent, one time per
-non-empty text piece).
+instead of assuming one. Responses are collected with specdec_client's Collector, so the
+timings mean exactly what they mean for the HTTP users (seconds since the request was sent, one
+time per non-empty text piece).
 """
 from __future__ import annotations
 

@@ -280,7 +280,8 @@ def main(argv=None) -> int:
                        parse_duration(args.duration), args.threads, args.header, args.timeout,
                        args.seed, args.recovery_bound, endings=endings)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"storm-{args.header}-{'-'.join(endings)}.json").write_text(json.dumps(report, indent=2))
+    name = f"storm-{args.header}-{'-'.join(endings)}.json"
+    (args.out / name).write_text(json.dumps(report, indent=2))
     print(markdown(report))
     return 1 if report["problems"] else 0
 

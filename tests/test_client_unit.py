@@ -25,7 +25,6 @@ from specdec_client import (
     generate_stream,
 )
 from specdec_client import api, cli
-from specdec_client.sse import iter_sse_data
 
 ALL_PARAMS = GenerationParams(max_tokens=16, temperature=0.7, top_p=0.9, top_k=40, seed=2**63 + 5,
                               num_draft_tokens=4, stop_words=["\n\n", "END"])
@@ -72,23 +71,6 @@ def test_invalid_params_are_rejected(kwargs: dict[str, Any], error: type[Excepti
 
 
 # ---------------------------------------------------------------- parsing
-
-def test_sse_events_split_on_blank_lines() -> None:
-    lines = [b'data: {"a": 1}\r\n', b"\r\n", b'data: {"a": 2}\n', b"\n"]
-    assert list(iter_sse_data(lines)) == ['{"a": 1}', '{"a": 2}']
-
-
-def test_sse_multiline_data_is_joined_with_newlines() -> None:
-    lines = ["data: {\"text_output\":\n", "data:  \"x\"}\n", "\n"]
-    events = list(iter_sse_data(lines))
-    assert events == ['{"text_output":\n "x"}']
-    assert json.loads(events[0]) == {"text_output": "x"}
-
-
-def test_sse_ignores_comments_and_other_fields() -> None:
-    lines = [": keep-alive", "event: message", "id: 7", "retry: 10", "data:x", "", "", "data: y"]
-    assert list(iter_sse_data(lines)) == ["x", "y"]
-
 
 def test_decode_event_raises_server_error() -> None:
     with pytest.raises(ServerError) as e:
@@ -245,6 +227,28 @@ def test_http_stream_pieces_and_final_statistics(http_server: HttpStandIn) -> No
     assert headers["Accept"] == "text/event-stream"
 
 
+def test_http_stream_reads_sse_framing(http_server: HttpStandIn) -> None:
+    """Comments, other fields, CRLF line ends and data split over lines are SSE, not text."""
+    http_server.replies["/v2/models/ensemble/generate_stream"] = Reply(events=[
+        ": keep-alive\r\n\r\n", "event: message\nid: 7\nretry: 10\n",
+        'data: {"text_output":\r\ndata:  "a"}\r\n\r\n', _event({"text_output": "b"})])
+    assert list(generate_stream(http_server.url, "Hi")) == ["a", "b"]
+
+
+def test_http_transport_failures_keep_standard_types() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError):
+        generate(f"127.0.0.1:{port}", "Hi")
+    with pytest.raises(ConnectionError):
+        generate_stream(f"127.0.0.1:{port}", "Hi")
+    with pytest.raises(ValueError, match="not an HTTP URL"):
+        generate("ftp://127.0.0.1:1", "Hi")
+
+
 def test_http_stream_error_event_raises(http_server: HttpStandIn) -> None:
     http_server.replies["/v2/models/ensemble/generate_stream"] = Reply(
         events=[_event({"text_output": "ok"}), _event({"error": "CUDA out of memory"})])
@@ -389,3 +393,18 @@ def test_cli_connection_refused_exits_nonzero(capsys: pytest.CaptureFixture[str]
         port = s.getsockname()[1]
     assert cli.main(["--url", f"127.0.0.1:{port}", "Hi"]) == 1
     assert "error:" in capsys.readouterr().err
+
+
+def test_http_stream_that_goes_silent_times_out(http_server: HttpStandIn) -> None:
+    release = threading.Event()
+    http_server.replies["/v2/models/ensemble/generate_stream"] = Reply(
+        events=[_event({"text_output": "first"})], then=lambda h: release.wait(10))
+    stream = generate_stream(http_server.url, "Hi", timeout=0.5)
+    try:
+        assert next(stream) == "first"
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            next(stream)
+        assert time.monotonic() - start < 5
+    finally:
+        release.set()
