@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make serve   install into .venv, then run tritonserver on model_repository (8000/8001/8002)
+#                and the OpenAI API beside it (9000)
 #   make test    install into .venv, then run the whole test suite (starts its own tritonserver)
 
 PYTHON ?= python3
@@ -19,10 +20,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[serve,client,test]"
 	touch $(STAMP)
 
-# Loopback only unless asked: make serve ADDRESS=0.0.0.0
+# Loopback only unless asked: make serve ADDRESS=0.0.0.0. The OpenAI API on OPENAI_PORT (0: off).
 ADDRESS ?= 127.0.0.1
+OPENAI_PORT ?= 9000
 serve: $(STAMP)
-	$(PY) -m specdec.serving.launch --address $(ADDRESS)
+	$(PY) -m specdec.serving.launch --address $(ADDRESS) --openai-port $(OPENAI_PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

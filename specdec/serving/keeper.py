@@ -22,6 +22,9 @@ After each death the launcher kills what the dead server left (its backend proce
 may hold GPU memory, are in its process group and, orphaned, become the launcher's children:
 it is their subreaper) and removes its Python-backend shared-memory regions: each start gets a
 prefix of its own (`shm-region-prefix-name`), so only the dead server's files go.
+
+Companions (the OpenAI gateway, `--openai-port`) run beside the server: started with the
+keeper, started again after they die (the same backoff, the cause logged), stopped with it.
 """
 from __future__ import annotations
 
@@ -98,27 +101,68 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class Companion:
+    """A process that runs beside the server (the OpenAI gateway): started with the keeper,
+    started again after it dies (the same backoff), stopped with it."""
+
+    def __init__(self, name: str, command: list[str], backoff: Backoff):
+        self.name, self.command, self.backoff = name, command, backoff
+        self.proc: subprocess.Popen | None = None
+        self.due = 0.0                      # when to start it (again)
+        self.started = 0.0
+        self.delay = backoff.first_s
+
+    def tend(self, env: dict[str, str]) -> None:
+        if self.proc is None and time.monotonic() >= self.due:
+            self.proc = subprocess.Popen(self.command, env=env, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+            self.started = time.monotonic()
+
+    def died(self, status: int) -> None:
+        ran = time.monotonic() - self.started
+        if ran >= self.backoff.stable_s:
+            self.delay = self.backoff.first_s
+        say(f"{self.name} (pid {self.proc.pid}) died with {cause(status)} after {ran:.1f} s; "
+            f"restart in {self.delay:.1f} s")
+        self.proc, self.due = None, time.monotonic() + self.delay
+        self.delay = min(2 * self.delay, self.backoff.max_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Keeper:
-    """Runs `command(start)` (start = 0, 1, ...) until it exits cleanly or is told to stop."""
+    """Runs `command(start)` (start = 0, 1, ...) until it exits cleanly or is told to stop, and
+    its companions beside it."""
 
     def __init__(self, command: Callable[[int], list[str]], env: dict[str, str],
                  ready: Callable[[], bool], live: Callable[[], bool],
                  shm_prefix: Callable[[int], str] | None, backoff: Backoff = Backoff(),
-                 poll_s: float = 0.5):
+                 poll_s: float = 0.5, companions: dict[str, list[str]] | None = None):
         self.command, self.env, self.ready, self.live = command, env, ready, live
         self.shm_prefix, self.backoff, self.poll_s = shm_prefix, backoff, poll_s
         self._answered = self._checked = 0.0   # monotonic times of the liveness checks
         self.stopping: int | None = None     # the signal that asked us to stop
         self.child: subprocess.Popen | None = None
         self.restarts = 0
+        self.companions = [Companion(name, cmd, backoff)
+                           for name, cmd in (companions or {}).items()]
 
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = signum
-        if self.child is not None and self.child.returncode is None:
-            try:
-                os.kill(self.child.pid, signum)
-            except ProcessLookupError:
-                pass
+        for proc in [self.child] + [c.proc for c in self.companions]:
+            if proc is not None and proc.returncode is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
 
     def _reap(self) -> int | None:
         """Reap every exited child (orphaned backend processes too); the server's status when it
@@ -134,6 +178,11 @@ class Keeper:
             if self.child is not None and pid == self.child.pid:
                 status = os.waitstatus_to_exitcode(raw)
                 self.child.returncode = status
+            for c in self.companions:
+                if c.proc is not None and pid == c.proc.pid:
+                    c.proc.returncode = os.waitstatus_to_exitcode(raw)
+                    if self.stopping is None:
+                        c.died(c.proc.returncode)
 
     def _wait(self, until: Callable[[], bool] = lambda: False) -> int | None:
         """Poll until the server exits (its status) or `until()` holds (None)."""
@@ -141,8 +190,11 @@ class Keeper:
             status = self._reap()
             if status is not None:
                 return status
-            if self.stopping is None and until():
-                return None
+            if self.stopping is None:
+                for c in self.companions:
+                    c.tend(self.env)
+                if until():
+                    return None
             time.sleep(self.poll_s)
 
     def _hung(self) -> bool:
@@ -158,6 +210,8 @@ class Keeper:
         deadline = time.monotonic() + seconds
         while self.stopping is None and time.monotonic() < deadline:
             self._reap()
+            for c in self.companions:
+                c.tend(self.env)
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
     def _clean_up(self, start: int) -> None:
@@ -173,6 +227,13 @@ class Keeper:
                 f.unlink(missing_ok=True)
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            for c in self.companions:
+                c.stop()
+
+    def _run(self) -> int:
         for s in STOP_SIGNALS:
             signal.signal(s, self._on_signal)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)   # orphaned backend processes come to us to reap

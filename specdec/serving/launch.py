@@ -141,6 +141,9 @@ def main(argv=None) -> None:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--no-restart", action="store_true",
                     help="exec tritonserver instead of keeping it (restarting it if it dies)")
+    ap.add_argument("--openai-port", type=int, default=0,
+                    help="also serve the OpenAI API (`specdec openai`) on this port, on the same "
+                         "address; kept like the server. Default 0: off")
     args, extra = ap.parse_known_args(argv)
     if args.tritonserver:
         binary = shutil.which(args.tritonserver) or args.tritonserver
@@ -156,11 +159,20 @@ def main(argv=None) -> None:
     print(f"tritonserver: HTTP {host}:{args.http_port}  gRPC {host}:{args.grpc_port}  "
           f"metrics {host}:{args.metrics_port}/metrics  repository {args.model_repository}",
           flush=True)
+    companions = {}
+    if args.openai_port:
+        local = "127.0.0.1" if args.address in ("0.0.0.0", "::", "") else args.address
+        companions["specdec openai"] = [
+            sys.executable, "-m", "specdec.cli", "openai", "--grpc-url",
+            f"{local}:{args.grpc_port}", "--host", host, "--port", str(args.openai_port)]
+        print(f"OpenAI API: http://{host}:{args.openai_port}/v1", flush=True)
     if args.no_restart:
+        if companions:
+            raise SystemExit("--no-restart execs tritonserver: run `specdec openai` yourself")
         os.execve(cmd(0)[0], cmd(0), env)
     keeper = Keeper(cmd, env, http_health(args.address, args.http_port, "ready"),
                     http_health(args.address, args.http_port, "live"),
-                    None if _sets_prefix(extra) else shm_prefix)
+                    None if _sets_prefix(extra) else shm_prefix, companions=companions)
     sys.exit(keeper.run())
 
 

@@ -56,15 +56,35 @@ SERVER = textwrap.dedent("""
         time.sleep(1)
 """)
 
+# A companion: records each start, dies (exit 5) the first time, then runs until told to stop.
+COMPANION = textwrap.dedent("""
+    import os, signal, sys, time
+    record = sys.argv[1]
+    with open(record, "a") as f:
+        f.write(f"start {os.getpid()}\\n")
+    if len(open(record).read().splitlines()) == 1:
+        time.sleep(0.2)
+        sys.exit(5)
+    def stop(signum, frame):
+        with open(record, "a") as f:
+            f.write(f"stopped {signum}\\n")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        time.sleep(1)
+""")
+
 KEEPER = textwrap.dedent("""
     import sys
     from specdec.serving.keeper import Backoff, Keeper, http_health
-    server, port, mode, starts, prefix = sys.argv[1:6]
+    server, port, mode, starts, prefix, companion = sys.argv[1:7]
+    companions = ({"the companion": [sys.executable, companion, starts + ".companion"]}
+                  if mode == "companion" else {})
     keeper = Keeper(lambda start: [sys.executable, server, port, mode, starts], {},
                     http_health("127.0.0.1", int(port), "ready"),
                     http_health("127.0.0.1", int(port), "live"), lambda start: f"{prefix}{start}_",
                     Backoff(first_s=0.1, max_s=0.4, stable_s=60, hung_after_s=1.0,
-                            check_every_s=0.1), poll_s=0.05)
+                            check_every_s=0.1), poll_s=0.05, companions=companions)
     sys.exit(keeper.run())
 """)
 
@@ -75,11 +95,12 @@ class Run:
         self.starts = tmp_path / "starts"
         self.prefix = f"specdec_test_{uuid.uuid4().hex[:8]}_"
         (tmp_path / "server.py").write_text(SERVER)
+        (tmp_path / "companion.py").write_text(COMPANION)
         self.log = tmp_path / "keeper.log"
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", KEEPER, str(tmp_path / "server.py"), str(self.port), mode,
-                 str(self.starts), self.prefix],
+                 str(self.starts), self.prefix, str(tmp_path / "companion.py")],
                 cwd=Path(__file__).resolve().parents[2], stderr=err, start_new_session=True)
 
     def pids(self) -> list[tuple[int, int]]:
@@ -191,3 +212,17 @@ def test_a_killed_launcher_takes_its_server_down(tmp_path):
     run.proc.wait()
     assert wait_for(lambda: not alive(server)), "the server outlived its launcher"
     assert (tmp_path / "starts.stopped").read_text().split() == [str(int(signal.SIGTERM))]
+
+
+def test_a_companion_is_restarted_when_it_dies_and_stopped_with_the_server(tmp_path):
+    """The OpenAI gateway beside the server (--openai-port): kept alive, stopped on SIGTERM."""
+    run = Run(tmp_path, "companion")
+    record = tmp_path / "starts.companion"
+    run.wait_ready(0)
+    assert wait_for(lambda: record.exists() and record.read_text().count("start") == 2)
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    code, log = run.finish()
+    assert code == 0, log
+    assert "the companion (pid" in log and "died with exit code 5" in log, log
+    assert wait_for(lambda: record.read_text().splitlines()[-1] == f"stopped {int(signal.SIGTERM)}")
+    assert len(run.pids()) == 1   # the server itself was never restarted
