@@ -1,12 +1,13 @@
-"""Locust load test for the speculative-decoding ensemble: HTTP SSE and gRPC streaming users.
+"""Locust load test for the speculative-decoding ensemble: HTTP SSE, gRPC and OpenAI users.
 
     locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 30s \\
         --host http://127.0.0.1:8000 --grpc-host 127.0.0.1:8001 \\
         --num-draft-tokens 4,0 --max-tokens 64 --sampled-ratio 0.5 \\
         --csv reports/loadtest --html reports/loadtest.html
 
-Every request streams. Besides the request itself (type SSE or gRPC: total latency, output
-tokens as its "size", failures), each successful request adds entries of these types, all named
+Every request streams. Besides the request itself (type SSE, gRPC or OpenAI: total latency,
+output tokens as its "size", failures), each successful request adds entries of these types, all
+named
 "K=<num_draft_tokens> <greedy|sampled>":
 
     TTFT     time to first token, ms (one per request)
@@ -45,13 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtest import outcome  # noqa: E402
 from loadtest.grpc_stream import GrpcStreamer  # noqa: E402
+from loadtest.openai_stream import OpenAIStreamer  # noqa: E402
 from loadtest.prompts import Mix, RequestPlan, load_prompts, parse_k_list  # noqa: E402
 from specdec_client import GenerationParams, Result, generate_stream  # noqa: E402
 
 log = logging.getLogger("loadtest")
 
 DEFAULT_HOST = "http://127.0.0.1:8000"
-REQUEST_TYPES = ("SSE", "gRPC")
+REQUEST_TYPES = ("SSE", "gRPC", "OpenAI")
 
 # Filled from the command line by on_init(); shared by all users (one gevent thread).
 STATE: dict = {}
@@ -90,6 +92,16 @@ def add_arguments(parser) -> None:
                    help="weight of HTTP SSE users, 0 = none. Default 1")
     g.add_argument("--grpc-weight", type=int, default=1,
                    help="weight of gRPC streaming users, 0 = none. Default 1")
+    g.add_argument("--openai-weight", type=int, default=0,
+                   help="weight of users streaming over the OpenAI endpoint (specdec openai), "
+                        "0 = none. Default 0")
+    g.add_argument("--openai-host", type=str, default="",
+                   help="the OpenAI endpoint's base URL. Default: --host's host, port 9000")
+    g.add_argument("--openai-api", choices=("chat", "completions"), default="chat",
+                   help="stream chat completions (the prompt as a user message, through the "
+                        "model's chat template) or completions. Default chat")
+    g.add_argument("--openai-model", type=str, default="",
+                   help="the model name to ask for. Default: the first of /v1/models")
     g.add_argument("--request-timeout", type=float, default=120.0,
                    help="seconds to wait for each streamed response. Default 120")
     g.add_argument("--think-time", type=float, default=0.0,
@@ -119,6 +131,14 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _openai_url(http_url: str, openai_host: str) -> str:
+    if openai_host:
+        return openai_host.rstrip("/") if "://" in openai_host else "http://" + openai_host
+    parts = urlsplit(http_url if "://" in http_url else "http://" + http_url)
+    host = parts.hostname or "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:9000"
+
+
 def _grpc_address(http_url: str, grpc_host: str) -> str:
     if grpc_host:
         return grpc_host.split("://", 1)[-1].rstrip("/")
@@ -136,10 +156,13 @@ def on_init(environment, **_kwargs) -> None:
     host = environment.host or DEFAULT_HOST
     environment.host = host
     grpc_addr = _grpc_address(host, opts.grpc_host)
+    openai_url = _openai_url(host, opts.openai_host)
     if not opts.allow_remote:
         http_name = urlsplit(host if "://" in host else "http://" + host).hostname
         grpc_name = urlsplit("//" + grpc_addr).hostname
-        for what, name in (("--host", http_name), ("--grpc-host", grpc_name)):
+        openai_name = urlsplit(openai_url).hostname
+        for what, name in (("--host", http_name), ("--grpc-host", grpc_name),
+                           ("--openai-host", openai_name)):
             if not _is_loopback(name):
                 _fail(f"{what} {name!r} is not a loopback address (pass --allow-remote to "
                       f"load-test another machine)")
@@ -152,22 +175,24 @@ def on_init(environment, **_kwargs) -> None:
                          top_p=opts.top_p, top_k=opts.top_k)  # same checks as every request
     except (OSError, ValueError, TypeError) as e:
         _fail(f"bad load-test option: {e}")
-    if opts.http_weight < 0 or opts.grpc_weight < 0:
-        _fail("--http-weight and --grpc-weight must be >= 0")
+    if min(opts.http_weight, opts.grpc_weight, opts.openai_weight) < 0:
+        _fail("--http-weight, --grpc-weight and --openai-weight must be >= 0")
     if opts.request_timeout <= 0 or opts.think_time < 0 or opts.failure_backoff < 0:
         _fail("--request-timeout must be > 0, --think-time and --failure-backoff >= 0")
 
     HttpStreamUser.weight = opts.http_weight
     GrpcStreamUser.weight = opts.grpc_weight
+    OpenAIStreamUser.weight = opts.openai_weight
     kept = [u for u in environment.user_classes if u.weight > 0 or u.fixed_count > 0]
     if not kept:
-        _fail("no users to run: --http-weight and --grpc-weight are both 0")
+        _fail("no users to run: --http-weight, --grpc-weight and --openai-weight are all 0")
     environment.user_classes[:] = kept
 
     STATE.update(mix=mix, grpc=grpc_addr, timeout=opts.request_timeout, think=opts.think_time,
-                 backoff=opts.failure_backoff)
-    log.info("load test: HTTP %s, gRPC %s, K %s, max_tokens %d, sampled ratio %.2f, "
-             "%d prompts, users %s", host, grpc_addr, draft_tokens, opts.max_tokens,
+                 backoff=opts.failure_backoff, openai=openai_url, openai_api=opts.openai_api,
+                 openai_model=opts.openai_model or None)
+    log.info("load test: HTTP %s, gRPC %s, OpenAI %s, K %s, max_tokens %d, sampled ratio %.2f, "
+             "%d prompts, users %s", host, grpc_addr, openai_url, draft_tokens, opts.max_tokens,
              opts.sampled_ratio, len(prompts), [u.__name__ for u in kept])
 
 
@@ -280,6 +305,23 @@ class GrpcStreamUser(_StreamUser):
                             "can crash it: the gRPC users do not cancel (the SSE users do)")
             plan = dataclasses.replace(plan, cancel_after=0)
         self.after(record(self.environment, "gRPC", plan, self.streamer.generate, STATE["grpc"]))
+
+
+class OpenAIStreamUser(_StreamUser):
+    """Streams chat (or completions) over the OpenAI endpoint, through the gateway (its
+    weight, 0 unless --openai-weight says otherwise, is set in on_init)."""
+
+    def on_start(self) -> None:
+        self.streamer = OpenAIStreamer(STATE["openai"], STATE["openai_model"],
+                                       STATE["openai_api"], STATE["timeout"])
+
+    def on_stop(self) -> None:
+        self.streamer.close()
+
+    @task
+    def stream_chat(self) -> None:
+        self.after(record(self.environment, "OpenAI", STATE["mix"].next(), self.streamer.generate,
+                          STATE["openai"]))
 
 
 def _k_first(name: str) -> tuple:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,3 +144,46 @@ def wait_for(predicate, timeout=60.0) -> bool:
 def heldout_prompts(n: int) -> list[str]:
     lines = (ROOT / "models" / "default" / "heldout_prompts.jsonl").read_text().splitlines()
     return [json.loads(line)["prompt"] for line in lines[:n]]
+
+
+# A ChatML template: the default target's tokenizer has none (it was trained on code).
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def templated_tokenizer(tmp_path_factory) -> Path:
+    """The default target's tokenizer files with a chat template added (the vocabulary
+    unchanged), in a directory named like a served model: specdec-chat."""
+    target = ROOT / "models" / "default" / "target"
+    path = tmp_path_factory.mktemp("tok") / "specdec-chat"
+    path.mkdir()
+    for f in target.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, path / f.name)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHATML
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def start_gateway(grpc: str, tokenizer, tmp_path_factory) -> tuple[subprocess.Popen, str]:
+    """`specdec openai` on a free loopback port in front of `grpc`: (process, base URL)."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec.cli", "openai", "--grpc-url", grpc, "--port",
+             str(port), "--tokenizer", str(tokenizer)], cwd=ROOT, stdout=out,
+            stderr=subprocess.STDOUT)
+
+    def live():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health/live",
+                                          timeout=2).status == 200
+        except OSError:
+            return False
+    if not wait_for(live, 120):
+        proc.kill()
+        pytest.fail(f"the gateway did not start:\n{log.read_text()[-4000:]}")
+    return proc, f"http://127.0.0.1:{port}"

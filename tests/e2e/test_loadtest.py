@@ -103,6 +103,33 @@ def test_server_errors_are_failures_and_fail_the_run(server, tmp_path):
 
 
 @needs_locust
+def test_streaming_chat_over_the_openai_endpoint(server, tmp_path, tmp_path_factory):
+    """The OpenAI user alone, through a gateway with a chat template on the session's server:
+    TTFT, ITL, TPOT and ACCEPT% rows like the Triton users', a tenth cancelled by leaving."""
+    from tests.e2e.conftest import start_gateway, templated_tokenizer
+    gateway, url = start_gateway(server.grpc, templated_tokenizer(tmp_path_factory),
+                                 tmp_path_factory)
+    try:
+        proc = run_locust(server.http, server.grpc, tmp_path, "--openai-host", url,
+                          "--openai-weight", "1", "--http-weight", "0", "--grpc-weight", "0",
+                          "--cancel-ratio", "0.1")
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+    log = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, log
+    stats = read_stats(tmp_path)
+    by_type: dict[str, int] = {}
+    for (kind, name), row in stats.items():
+        if name != "Aggregated":
+            by_type[kind] = by_type.get(kind, 0) + int(row["Request Count"])
+            assert int(row["Failure Count"]) == 0, row
+    assert set(by_type) >= {"OpenAI", "TTFT", "ITL", "TPOT", "TOK/S", "ACCEPT%"}, by_type
+    assert "SSE" not in by_type and "gRPC" not in by_type
+    assert by_type["OpenAI"] >= MIN_REQUESTS, by_type
+
+
+@needs_locust
 def test_non_loopback_hosts_are_refused(tmp_path):
     proc = run_locust("192.0.2.1:8000", "192.0.2.1:8001", tmp_path, duration_s=1)
     assert proc.returncode == 2 and "not a loopback address" in proc.stderr

@@ -7,10 +7,7 @@ weights and the vocabulary unchanged), one on the default tokenizer, which has n
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -21,12 +18,10 @@ openai = pytest.importorskip("openai")
 
 from specdec.serving.tokenizer import load_tokenizer  # noqa: E402
 from specdec_client import GenerationParams, generate, generate_stream  # noqa: E402
-from tests.e2e.conftest import ROOT, _free_port, heldout_prompts, launch, wait_for  # noqa: E402
+from tests.e2e.conftest import (ROOT, _free_port, heldout_prompts, launch,  # noqa: E402
+                                start_gateway, templated_tokenizer, wait_for)
 
 TARGET = ROOT / "models" / "default" / "target"
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 PROMPT = heldout_prompts(3)[2]
 CHAT = [{"role": "system", "content": "You write Python."},
         {"role": "user", "content": "def parse_header(line):"}]
@@ -40,35 +35,7 @@ def triton(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def templated(tmp_path_factory):
-    """The default target's tokenizer files with a chat template; named like a served model."""
-    path = tmp_path_factory.mktemp("tok") / "specdec-chat"
-    path.mkdir()
-    for f in TARGET.iterdir():
-        if f.name.startswith("tokenizer") or f.name.endswith(".json") and "token" in f.name:
-            shutil.copy(f, path / f.name)
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config["chat_template"] = CHATML
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
-
-
-def start_gateway(grpc: str, tokenizer, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.cli", "openai", "--grpc-url", grpc, "--port",
-             str(port), "--tokenizer", str(tokenizer)], cwd=ROOT, stdout=out,
-            stderr=subprocess.STDOUT)
-
-    def live():
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health/live",
-                                          timeout=2).status == 200
-        except OSError:
-            return False
-    assert wait_for(live, 120), log.read_text()
-    return proc, f"http://127.0.0.1:{port}"
+    return templated_tokenizer(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
