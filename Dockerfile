@@ -1,6 +1,7 @@
 # triton-specdec on NVIDIA Triton Inference Server (see docs/deploy.md):
 #   docker build -t triton-specdec:0.1.0 .
-#   docker run --gpus all --shm-size=2g -p 8000-8002:8000-8002 triton-specdec:0.1.0
+#   docker run --gpus all --shm-size=2g -p 8000-8002:8000-8002 -p 9000:9000 triton-specdec:0.1.0
+# (8000 HTTP, 8001 gRPC, 8002 metrics: Triton; 9000: the OpenAI API, `specdec openai`)
 # NGC 26.04 = Triton 2.68.0 (server tag v2.68.0), CUDA 13.2.1, Ubuntu 24.04, Python 3.12; the
 # image's user triton-server is uid 1000. 26.04 is the first release with all three upstream
 # fixes for the gRPC stream crashes of Triton 2.51 (server pull requests 7840, 8078, 8708;
@@ -36,6 +37,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 RUN python3 -m pip install --ignore-installed pip==26.3 setuptools==80.10.2 \
  && python3 -m pip install torch==${TORCH_VERSION} numpy==1.26.4 safetensors==0.8.0 \
         tokenizers==0.23.3 huggingface_hub==2.4.0 transformers==5.23.0
+# The OpenAI gateway (`specdec openai`, docs/openai.md): FastAPI on uvicorn, and tritonclient's
+# gRPC client to reach Triton. constraints.txt's pins, written out: tritonclient==2.73.0 with
+# grpcio==1.85.1 and protobuf==6.33.6 is pyproject's tritonclient[grpc] (the extra's packaging
+# comes with transformers); pydantic 2.14.3 pins its pydantic-core (2.50.4); anyio, h11, click
+# and the rest follow unpinned, as transformers' own dependencies do. All have cp312 (or
+# pure-Python) wheels on PyPI: checked with `pip install --dry-run --python-version 3.12
+# --only-binary=:all:` together with the pins above, which they leave as they are (numpy stays
+# 1.26.4: tritonclient's ml-dtypes needs >= 1.26.0 on Python 3.12).
+RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.3 \
+        tritonclient==2.73.0 grpcio==1.85.1 protobuf==6.33.6
 RUN if [ -n "${FLASH_ATTN_WHEEL}" ]; then python3 -m pip install "${FLASH_ATTN_WHEEL}"; \
     else echo "FLASH_ATTN_WHEEL is empty: no flash-attn, PyTorch SDPA"; fi
 
@@ -59,7 +70,8 @@ ENV SPECDEC_TARGET_MODEL=/opt/specdec/models/default/target \
 
 USER 1000:1000
 WORKDIR /opt/specdec
-EXPOSE 8000 8001 8002
+# Triton's HTTP, gRPC and metrics ports; 9000: the OpenAI API (`specdec openai`).
+EXPOSE 8000 8001 8002 9000
 # Models load before Triton opens its ports: a long start period for large checkpoints. The
 # probe makes every model a request needs run a request (a dead backend process keeps Triton's
 # own /v2/health/ready at 200).
@@ -73,6 +85,11 @@ HEALTHCHECK --start-period=15m --interval=30s --timeout=10s --retries=3 \
 # check for 30 s: it is killed) is started again (backoff 1 s
 # doubling to 30 s, reset after 120 s of service; each cause logged as `specdec launch: ...`);
 # one that never became ready is not, and the container exits with its code. `--no-restart`
-# makes the launcher exec tritonserver instead.
+# makes the launcher exec tritonserver instead (and refuses --openai-port).
+# --openai-port=9000: beside tritonserver the launcher runs the OpenAI gateway (`specdec openai
+# --host 0.0.0.0 --port 9000`, calling Triton's gRPC port on 127.0.0.1) as a kept companion:
+# started with it, started again with the same backoff if it dies, stopped with it. Its
+# readiness is GET :9000/health (503 until the ensemble answers), its liveness /health/live.
 CMD ["python3", "-m", "specdec.serving.launch", "--tritonserver=tritonserver", \
-     "--address=0.0.0.0", "--model-repository=/opt/specdec/model_repository"]
+     "--address=0.0.0.0", "--model-repository=/opt/specdec/model_repository", \
+     "--openai-port=9000"]

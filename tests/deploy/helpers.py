@@ -110,6 +110,17 @@ def flag(argv: list[str], name: str) -> str | None:
     return None
 
 
+def openai_args(argv: list[str]):
+    """`specdec openai`'s arguments as its own parser reads them (the flags, no command word)."""
+    import argparse
+
+    from specdec.openai import cli
+
+    ap = argparse.ArgumentParser(prog="specdec openai")
+    cli.add_arguments(ap)
+    return ap.parse_args(argv)
+
+
 def pip_requirements() -> dict[str, str]:
     """name -> version of every `pkg==version` that a RUN pip-installs (ARG defaults filled in)."""
     defaults = build_args()

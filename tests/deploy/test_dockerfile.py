@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ from specdec.serving import launch, settings
 
 from .helpers import (DOCKERFILE, REPO, args_of, build_args, cmd, comment_above, copies,
                       copy_destination, dockerfile, env, env_names_read_by_code, flag, normalize,
-                      pip_requirements)
+                      openai_args, pip_requirements)
 
 BASE = "nvcr.io/nvidia/tritonserver"
 BASE_TAG = "26.04-py3"        # NGC 26.04: Triton 2.68.0, CUDA 13.2.1, Ubuntu 24.04, Python 3.12
@@ -35,6 +36,11 @@ FLASH_ATTN_NEWEST_TORCH = Version("2.10")
 FLASH_ATTN_WHEEL_NAME = re.compile(
     r"flash_attn-[\w.]+(?:%2B|\+)cu(\d+)torch(\d+\.\d+)cxx11abi(TRUE|FALSE)-(cp\d+)-cp\d+-"
     r"linux_x86_64\.whl")
+# What the OpenAI gateway (`specdec openai`) imports, and tritonclient[grpc]'s grpcio and
+# protobuf, written out as name==version.
+GATEWAY_PACKAGES = ("fastapi", "starlette", "uvicorn", "pydantic", "tritonclient", "grpcio",
+                    "protobuf")
+OPENAI_PORT = 9000
 
 
 def test_base_image_is_triton_with_a_pinned_tag():
@@ -121,6 +127,35 @@ def test_cmd_runs_the_launcher_on_the_image_tritonserver_and_copied_repository()
     repo = flag(argv, "--model-repository")
     assert repo is not None, "CMD has no --model-repository"
     assert repo.rstrip("/") == copy_destination("model_repository")
+    assert flag(argv, "--openai-port") == str(OPENAI_PORT)
+
+
+def test_the_image_cmd_runs_the_openai_gateway_beside_tritonserver(monkeypatch):
+    """The launcher, given the CMD's arguments, keeps `specdec openai` as a companion on every
+    interface of the container (its --address) and port 9000, calling the local gRPC port;
+    --openai-port is the launcher's own flag, never passed on to tritonserver."""
+    seen = {}
+
+    class Keeper:
+        def __init__(self, command, env, ready, live, shm_prefix, companions=None, **_):
+            seen.update(command=command, companions=companions)
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(launch, "Keeper", Keeper)
+    argv = cmd()
+    with pytest.raises(SystemExit) as done:
+        launch.main(argv[3:])
+    assert done.value.code == 0
+    (gateway,) = seen["companions"].values()
+    assert gateway[1:4] == ["-m", "specdec.cli", "openai"]
+    args = openai_args(gateway[4:])
+    assert args.host == "0.0.0.0" and args.port == OPENAI_PORT
+    assert args.grpc_url == f"127.0.0.1:{flag(argv, '--grpc-port') or 8001}"
+    server = seen["command"](0)
+    assert server[0] == "tritonserver"
+    assert not any("openai" in a for a in server), server
 
 
 def test_the_launcher_builds_the_image_command():
@@ -139,12 +174,15 @@ def test_the_launcher_builds_the_image_command():
     assert key != [a for a in build() if a.startswith("--http-restricted")]   # random per start
 
 
-def test_exposes_http_grpc_metrics():
+def test_exposes_http_grpc_metrics_and_openai():
     ports = {int(p.split("/")[0]) for rest in args_of("EXPOSE") for p in rest.split()}
-    assert ports == {8000, 8001, 8002}
+    assert ports == {8000, 8001, 8002, OPENAI_PORT}
     argv = cmd()
-    for name, default in (("--http-port", 8000), ("--grpc-port", 8001), ("--metrics-port", 8002)):
+    for name, default in (("--http-port", 8000), ("--grpc-port", 8001), ("--metrics-port", 8002),
+                          ("--openai-port", None)):
         assert int(flag(argv, name) or default) in ports
+    # The gateway's own default port, the one `specdec openai` and docs/openai.md name.
+    assert openai_args([]).port == OPENAI_PORT
 
 
 def test_env_names_are_read_by_the_code(monkeypatch):
@@ -204,32 +242,88 @@ def test_pip_can_install_into_ubuntus_system_python():
                 assert "--ignore-installed" in words, f"{command.strip()!r}: Debian's copy stays"
 
 
-def test_pins_match_constraints_and_pyproject():
-    pins = pip_requirements()
-    for name in ("torch", "numpy", "safetensors", "tokenizers", "transformers"):
-        assert name in pins, f"the Dockerfile does not pin {name}"
-    constraints = {}
+def constraint_pins() -> dict[str, str]:
+    out = {}
     for line in (REPO / "constraints.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, _, version = line.partition("==")
-            constraints[normalize(name)] = version.strip()
+            out[normalize(name)] = version.strip()
+    return out
+
+
+def pyproject() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:   # Python 3.10
+        tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs Python 3.11+")
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def test_pins_match_constraints_and_pyproject():
+    pins = pip_requirements()
+    for name in ("torch", "numpy", "safetensors", "tokenizers", "transformers",
+                 *GATEWAY_PACKAGES):
+        assert name in pins, f"the Dockerfile does not pin {name}"
+    constraints = constraint_pins()
+    for name in GATEWAY_PACKAGES:
+        assert name in constraints, f"constraints.txt does not pin {name}: the tests use what?"
     differ = {n for n, v in pins.items() if n in constraints and constraints[n] != v}
     assert differ <= set(CONSTRAINT_EXCEPTIONS), \
         f"pins differ from constraints.txt: {sorted(differ - set(CONSTRAINT_EXCEPTIONS))}"
     assert set(CONSTRAINT_EXCEPTIONS) <= differ, \
         f"stale exceptions, these pins now match: {sorted(set(CONSTRAINT_EXCEPTIONS) - differ)}"
-    try:
-        import tomllib
-    except ModuleNotFoundError:   # Python 3.10
-        tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs Python 3.11+")
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     requirements = [Requirement(r) for r in project["dependencies"]
                     + project["optional-dependencies"]["serve"]]
     for req in requirements:
         if normalize(req.name) in pins:
             assert Version(pins[normalize(req.name)]) in req.specifier, \
                 f"{req.name}=={pins[normalize(req.name)]} violates pyproject's {req}"
+
+
+def test_the_serve_extra_is_installed_except_pytriton():
+    """The image installs what pyproject's serve extra lists (the tokenizer steps, the OpenAI
+    gateway), pinned, but nvidia-pytriton: it bundles a tritonserver 2.51 for machines without
+    one, and the image has its own."""
+    pins = pip_requirements()
+    serve = [Requirement(r) for r in pyproject()["optional-dependencies"]["serve"]]
+    assert "nvidia-pytriton" in {normalize(r.name) for r in serve}
+    assert "nvidia-pytriton" not in pins
+    missing = [str(r) for r in serve
+               if normalize(r.name) not in pins and normalize(r.name) != "nvidia-pytriton"]
+    assert not missing, f"the serve extra's {missing} are not installed in the image"
+
+
+def test_the_extras_pyproject_asks_for_are_written_out():
+    """pyproject asks for tritonclient[grpc]; the Dockerfile writes the extra out as name==version
+    pins (the pin test allows nothing else). Every requirement of the image's tritonclient with
+    that extra that constraints.txt pins is pinned here too, within tritonclient's bounds (read
+    from the tritonclient installed here, the same version)."""
+    pins, constraints = pip_requirements(), constraint_pins()
+    serve = [Requirement(r) for r in pyproject()["optional-dependencies"]["serve"]]
+    extras = {normalize(r.name): r.extras for r in serve if r.extras}
+    assert extras.get("tritonclient") == {"grpc"}, "update this test: pyproject's extras changed"
+    for name, wanted in extras.items():
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{name} is not installed here: its requirements are unknown")
+        if dist.version != pins[name]:
+            pytest.skip(f"{name} {dist.version} is installed here, the image pins {pins[name]}")
+        checked = set()
+        for req in map(Requirement, dist.requires or []):
+            markers = [{"extra": e, "python_version": "3.12", "python_full_version": "3.12.3"}
+                       for e in wanted]
+            if req.marker is not None and not any(req.marker.evaluate(m) for m in markers):
+                continue
+            dep = normalize(req.name)
+            if dep in constraints:
+                assert dep in pins, f"{name}{sorted(wanted)} needs {req}: pin {dep} in the image"
+                assert Version(pins[dep]) in req.specifier, f"{dep}=={pins[dep]} violates {req}"
+                checked.add(dep)
+        if name == "tritonclient":
+            assert {"grpcio", "protobuf"} <= checked
 
 
 def flash_attn_wheel_problems(url: str, torch: Version) -> list[str]:

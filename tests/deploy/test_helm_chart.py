@@ -11,7 +11,7 @@ import pytest
 
 from specdec.serving import launch
 
-from .helpers import CHART, REPO, copy_destination, env_names_read_by_code
+from .helpers import CHART, REPO, copy_destination, env_names_read_by_code, openai_args
 
 yaml = pytest.importorskip("yaml")
 
@@ -219,6 +219,50 @@ def test_service_ports():
                          rf"\s+targetPort: {name}\n", text), f"service port {name}"
 
 
+def openai_container_text() -> str:
+    """The deployment template's `openai` container, up to the pod's volumes."""
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    start = text.index("        - name: openai\n")
+    return text[start:text.index("      volumes:", start)]
+
+
+def test_the_openai_gateway_is_a_container_of_its_own():
+    """`specdec openai` beside the server in the pod, gated by openai.enabled: it calls the
+    server's gRPC port over the pod's loopback, listens on every interface on openai.port, and
+    has its own probes (liveness: the process; readiness: the ensemble answers). The server's
+    launcher is not asked to start a second one."""
+    v = values()["openai"]
+    assert v["enabled"] is True and v["port"] == 9000
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    assert "{{- if .Values.openai.enabled }}\n        # The OpenAI API" in text
+    assert not re.search(r"^\s+- --openai-port", text, re.M)
+    block = openai_container_text()
+    args = re.findall(r"^\s+- (\S+)$", block.split("env:")[0].split("args:")[1], re.M)
+    assert args[:2] == ["specdec", "openai"], args
+    rendered = [a.replace("{{ .Values.openai.port | int64 }}", str(v["port"])) for a in args[2:]
+                if "{{" not in a or "openai.port" in a]
+    parsed = openai_args(rendered)
+    grpc = re.search(r"- --grpc-port=(\d+)\n", text)
+    assert parsed.grpc_url == f"127.0.0.1:{grpc.group(1)}"
+    assert parsed.host == "0.0.0.0" and parsed.port == v["port"]
+    for probe, path in (("startupProbe", "/health/live"), ("readinessProbe", "/health"),
+                        ("livenessProbe", "/health/live")):
+        assert re.search(rf"{probe}:\n\s+httpGet:\n\s+path: {path}\n\s+port: openai\n", block), \
+            probe
+    assert re.search(r"- name: openai\n\s+containerPort: \{\{ \.Values\.openai\.port \}\}\n",
+                     block)
+    assert "nvidia.com/gpu" not in block
+    assert re.search(r"- name: NVIDIA_VISIBLE_DEVICES\n\s+value: void\n", block)
+    assert re.search(r"- name: HOME\n\s+value: /tmp\n", block)
+    assert re.search(r"- name: openai-tmp\n\s+mountPath: /tmp\n", block)
+    service = (TEMPLATES / "service.yaml").read_text()
+    assert re.search(r"\{\{- if \.Values\.openai\.enabled \}\}\n\s+- name: openai\n"
+                     r"\s+port: \{\{ \.Values\.openai\.port \}\}\n\s+targetPort: openai\n", service)
+    policy = (TEMPLATES / "networkpolicy.yaml").read_text()
+    assert re.search(r"- port: grpc\n\s+\{\{- if \.Values\.openai\.enabled \}\}\n"
+                     r"\s+- port: openai\n", policy)
+
+
 def test_optional_resources_are_gated():
     sm = (TEMPLATES / "servicemonitor.yaml").read_text()
     assert sm.startswith("{{- if .Values.serviceMonitor.enabled }}")
@@ -278,7 +322,11 @@ def test_helm_template(variant, monkeypatch):
     assert ("HorizontalPodAutoscaler" in kinds) == hpa and ("ServiceMonitor" in kinds) == hpa
     deploy = kinds["Deployment"]
     pod = deploy["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
+    c, gateway = pod["containers"]
+    assert (c["name"], gateway["name"]) == ("tritonserver", "openai")
+    assert gateway["args"][:2] == ["specdec", "openai"]
+    assert "nvidia.com/gpu" not in gateway.get("resources", {}).get("limits", {})
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
     assert c["args"][:3] == ["python3", "-m", "specdec.serving.launch"]
     assert "--backend-config=python,shm-default-byte-size=16777216" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
@@ -294,7 +342,7 @@ def test_helm_template(variant, monkeypatch):
     assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     ports = {p["name"]: p["port"] for p in kinds["Service"]["spec"]["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
     if hpa:
         assert "replicas" not in deploy["spec"]
         (metric,) = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"]

@@ -37,3 +37,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "triton-specdec.hasModelVolume" -}}
 {{- if or .Values.models.existingClaim .Values.models.hostPath }}true{{ end }}
 {{- end }}
+
+{{/* The model name the OpenAI container serves: openai.servedModelName, else the name of the
+tokenizer's directory (models.tokenizer, else models.target, else the image's default target). */}}
+{{- define "triton-specdec.servedModelName" -}}
+{{- .Values.openai.servedModelName | default (base (.Values.models.tokenizer | default .Values.models.target | default "/opt/specdec/models/default/target")) }}
+{{- end }}
