@@ -37,16 +37,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 RUN python3 -m pip install --ignore-installed pip==26.3 setuptools==80.10.2 \
  && python3 -m pip install torch==${TORCH_VERSION} numpy==1.26.4 safetensors==0.8.0 \
         tokenizers==0.23.3 huggingface_hub==2.4.0 transformers==5.23.0
-# The OpenAI gateway (`specdec openai`, docs/openai.md): FastAPI on uvicorn, and tritonclient's
-# gRPC client to reach Triton. constraints.txt's pins, written out: tritonclient==2.73.0 with
+# The OpenAI gateway (`specdec openai`, docs/openai.md): FastAPI on uvicorn (uvloop and httptools
+# under it, which uvicorn picks up), and tritonclient's gRPC client to reach Triton. constraints.txt's pins, written out: tritonclient==2.73.0 with
 # grpcio==1.85.1 and protobuf==6.33.6 is pyproject's tritonclient[grpc] (the extra's packaging
 # comes with transformers); pydantic 2.14.3 pins its pydantic-core (2.50.4); anyio, h11, click
 # and the rest follow unpinned, as transformers' own dependencies do. All have cp312 (or
 # pure-Python) wheels on PyPI: checked with `pip install --dry-run --python-version 3.12
 # --only-binary=:all:` together with the pins above, which they leave as they are (numpy stays
 # 1.26.4: tritonclient's ml-dtypes needs >= 1.26.0 on Python 3.12).
-RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.3 \
-        tritonclient==2.73.0 grpcio==1.85.1 protobuf==6.33.6
+RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 uvloop==0.23.0 \
+        httptools==0.9.0 pydantic==2.14.3 tritonclient==2.73.0 grpcio==1.85.1 protobuf==6.33.6
 RUN if [ -n "${FLASH_ATTN_WHEEL}" ]; then python3 -m pip install "${FLASH_ATTN_WHEEL}"; \
     else echo "FLASH_ATTN_WHEEL is empty: no flash-attn, PyTorch SDPA"; fi
 

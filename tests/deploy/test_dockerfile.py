@@ -38,8 +38,8 @@ FLASH_ATTN_WHEEL_NAME = re.compile(
     r"linux_x86_64\.whl")
 # What the OpenAI gateway (`specdec openai`) imports, and tritonclient[grpc]'s grpcio and
 # protobuf, written out as name==version.
-GATEWAY_PACKAGES = ("fastapi", "starlette", "uvicorn", "pydantic", "tritonclient", "grpcio",
-                    "protobuf")
+GATEWAY_PACKAGES = ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "pydantic",
+                    "tritonclient", "grpcio", "protobuf")
 OPENAI_PORT = 9000
 
 
