@@ -41,44 +41,61 @@ def flash_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 @dataclass
 class Plan:
-    """How one forward attends; computed once, used by every layer."""
+    """How one forward attends; computed once, used by every layer. Windows are keyed by size
+    (0: a global layer); a window of w keys lets a query see itself and the w - 1 before it."""
     flash: FlashKernel | None = None      # flash-attn's kernel, or None: SDPA
-    mask: torch.Tensor | None = None      # SDPA: [B, 1, T, L] keys each query may see
+    masks: dict[int, torch.Tensor] | None = None  # SDPA: window -> [B, 1, T, L] keys a query sees
     seqlens: torch.Tensor | None = None   # flash: [B] int32 tokens cached before this forward
     slots: torch.Tensor | None = None     # flash: [B] int32 slot of each row
-    window: tuple[int, int] = (-1, -1)    # flash: (left, right) sliding window, -1 = none
 
 
-def plan(batch: "Batch", cache: KVCache, sliding_window: int | None,
+def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
          flash: FlashKernel | None) -> Plan:
-    """Each row's run of positions starts at its cached length; batch.max_end bounds where
-    flash-attn would write."""
+    """windows: the model's layers' windows (0: global). Each row's run of positions starts at
+    its cached length; batch.max_end bounds where flash-attn would write."""
     positions = batch.positions                                             # [B, T]
     if flash is not None and batch.max_end <= cache.max_len:
-        window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
         return Plan(flash=flash, seqlens=positions[:, 0].to(torch.int32),
-                    slots=batch.read_slots.to(torch.int32), window=window)
+                    slots=batch.read_slots.to(torch.int32))
     keys = torch.arange(batch.kv_len, device=positions.device)
     pos = positions[:, None, :, None]                                       # [B, 1, T, 1]
-    mask = keys <= pos                                                      # [B, 1, T, L]
-    if sliding_window:
-        mask &= keys > pos - sliding_window
-    return Plan(mask=mask)
+    causal = keys <= pos                                                    # [B, 1, T, L]
+    return Plan(masks={w: causal & (keys > pos - w) if w else causal for w in windows})
 
 
 def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-           batch: "Batch", cache: KVCache) -> torch.Tensor:
-    """q [B, T, H, D], k and v [B, T, KV, D] (rotated); returns [B, T, H, D]."""
+           batch: "Batch", cache: KVCache, window: int = 0, scale: float | None = None,
+           softcap: float | None = None) -> torch.Tensor:
+    """q [B, T, H, D], k and v [B, T, KV, D] (rotated); returns [B, T, H, D]. scale: the
+    queries' (None: D ** -0.5); softcap: scores become softcap * tanh(score / softcap)."""
     if p.flash is not None:
+        extra = {} if softcap is None else {"softcap": softcap}   # flash-attn >= 2.6
         return p.flash(q, cache.k[layer], cache.v[layer], k=k, v=v, cache_seqlens=p.seqlens,
-                       cache_batch_idx=p.slots, causal=True, window_size=p.window)
+                       cache_batch_idx=p.slots, causal=True, softmax_scale=scale,
+                       window_size=(window - 1, 0) if window else (-1, -1), **extra)
     cache.write(layer, batch.write_slots, batch.positions, k, v)
     keys, values = cache.read(layer, batch.read_slots, batch.kv_len,
                               batch.first_slot)                             # [B, L, KV, D]
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=p.mask,
-        enable_gqa=q.shape[2] != k.shape[2])                                # [B, H, T, D]
-    return out.transpose(1, 2)
+    q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+    mask = p.masks[window]
+    if softcap is None:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                             enable_gqa=q.shape[1] != keys.shape[1])
+    else:
+        out = capped_attention(q, keys, values, mask, scale or q.shape[-1] ** -0.5, softcap)
+    return out.transpose(1, 2)                                              # [B, T, H, D]
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float, softcap: float) -> torch.Tensor:
+    """Gemma 2's attention, which SDPA cannot express: q [B, H, T, D], k, v [B, KV, L, D],
+    mask [B, 1, T, L]; the capped scores softmaxed in float32."""
+    if q.shape[1] != k.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    scores = torch.tanh((q @ k.transpose(-1, -2)) * (scale / softcap)) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 def choose(kind: str, device: torch.device, dtype: torch.dtype) -> FlashKernel | None:

@@ -1,9 +1,13 @@
-"""One decoder for the Llama family (Llama 2/3, Mistral, Qwen2), used by draft and target alike.
+"""One decoder for every supported family, used by draft and target alike.
 
-Touvron et al. 2023 (Llama), Su et al. 2021 (RoPE), Ainslie et al. 2023 (grouped-query
-attention). Module attribute names follow Hugging Face's, except that q/k/v and gate/up are one
-matrix each (`FUSED`; weights.py concatenates them at load): one matmul in place of three, and
-on the CPU and at batch 1 every operator call costs about as much as its arithmetic.
+The Llama block (Touvron et al. 2023; RoPE, Su et al. 2021; grouped-query attention, Ainslie et
+al. 2023) with the variations config.py reads: q/k norms (Qwen3, Gemma 3), Gemma's scaled
+embeddings, (1 + w) norms around attention and MLP and soft-capped scores and logits (Gemma 2),
+sliding-window layers beside global ones with their own RoPE base (Gemma 2/3), partial rotary
+dims and LongRoPE (Phi-3/4), YaRN, GELU. Module attribute names follow Hugging Face's, except
+that q/k/v and gate/up are one matrix each (`FUSED`; weights.py concatenates them at load, Phi-3
+stores them so): one matmul in place of three, and on the CPU and at batch 1 every operator call
+costs about as much as its arithmetic.
 
 Every forward is ragged: row b appends its tokens at its own positions into its own KV slot, so
 a batch mixes prefills, K+1-token verifications and single draft steps.
@@ -18,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import attention
-from .config import ModelArgs
+from .config import ModelArgs, Rope
 from .kv_cache import KVCache
 
 
@@ -63,23 +67,48 @@ class Batch:
                    slots[0] if consecutive else None,
                    min(max(starts), cache.max_len - 1) + t_max)
 
-def rope_frequencies(args: ModelArgs) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], with linear or Llama 3.1 scaling."""
-    dim = args.head_dim
-    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if args.rope_type == "linear":
-        return inv / args.rope_factor
-    if args.rope_type == "llama3":
-        low_wavelen = args.rope_original_max_position / args.rope_low_freq_factor
-        high_wavelen = args.rope_original_max_position / args.rope_high_freq_factor
+def inverse_frequencies(rope: Rope, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's inverse frequencies [dim / 2] for positions below rope.original_max_position and
+    for positions from there on: one tensor twice but for longrope (Phi-3's short and long
+    factors). Linear, Llama 3.1 and YaRN scaling as transformers defines them."""
+    base = rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    inv = 1.0 / base
+    if rope.type == "linear":
+        inv = inv / rope.factor
+    elif rope.type == "llama3":
+        low_wavelen = rope.original_max_position / rope.low_freq_factor
+        high_wavelen = rope.original_max_position / rope.high_freq_factor
         wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > low_wavelen, inv / args.rope_factor, inv)
-        smooth = (args.rope_original_max_position / wavelen - args.rope_low_freq_factor) / (
-            args.rope_high_freq_factor - args.rope_low_freq_factor)
-        smoothed = (1 - smooth) * scaled / args.rope_factor + smooth * scaled
+        scaled = torch.where(wavelen > low_wavelen, inv / rope.factor, inv)
+        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, smoothed, scaled)
-    return inv
+        inv = torch.where(medium, smoothed, scaled)
+    elif rope.type == "yarn":
+        # Dimensions that turn fewer than beta_slow times over the pretraining length are
+        # interpolated (divided by factor), more than beta_fast times kept, a ramp between.
+        def dim_at(turns: float) -> float:
+            return dim * math.log(rope.original_max_position / (turns * 2 * math.pi)) / (
+                2 * math.log(rope.theta))
+        low, high = dim_at(rope.beta_fast), dim_at(rope.beta_slow)
+        if rope.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low)
+                / (high - low if high != low else 0.001)).clamp(0, 1)
+        inv = inv / rope.factor * ramp + inv * (1 - ramp)
+    elif rope.type == "longrope":
+        return (1.0 / (torch.tensor(rope.short_factor) * base),
+                1.0 / (torch.tensor(rope.long_factor) * base))
+    return inv, inv
+
+
+def rope_table(args: ModelArgs) -> torch.Tensor:
+    """[ropes, 2, rotary_dim / 2]: inverse_frequencies of args.rope (and args.local_rope)."""
+    dim = args.rotary_dim or args.head_dim
+    ropes = (args.rope,) if args.local_rope is None else (args.rope, args.local_rope)
+    return torch.stack([torch.stack(inverse_frequencies(r, dim)) for r in ropes])
 
 
 # Checkpoint tensors that are one tensor here, concatenated along the output dimension in order.
@@ -88,20 +117,29 @@ FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_at
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos, sin: [B, T, 1, D], sin negated in its first half (Hugging Face's
-    half-split layout: x * cos + cat(-x2, x1) * sin, with the sign moved into sin)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    """x: [B, T, H, D]; cos, sin: [B, T, 1, R], sin negated in its first half (Hugging Face's
+    half-split layout: x * cos + cat(-x2, x1) * sin, with the sign moved into sin). Only the
+    first R dims rotate (R < D: Phi's partial rotary factor)."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + x.roll(r // 2, -1) * sin
+    head = x[..., :r]
+    return torch.cat((head * cos + head.roll(r // 2, -1) * sin, x[..., r:]), -1)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """Llama's (w times the normalized x cast back), or Gemma's (x (1 + w), all in float32)."""
+
+    def __init__(self, dim: int, eps: float, gemma: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
+        self.eps, self.gemma = eps, gemma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
@@ -112,15 +150,24 @@ class Attention(nn.Module):
         h, kv, d = args.num_heads, args.num_kv_heads, args.head_dim
         self.qkv_proj = nn.Linear(args.hidden_size, (h + 2 * kv) * d, bias=args.qkv_bias)
         self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_bias)
+        if args.qk_norm:   # over each head, before RoPE
+            self.q_norm = RMSNorm(d, args.rms_norm_eps, args.gemma_norms)
+            self.k_norm = RMSNorm(d, args.rms_norm_eps, args.gemma_norms)
+        self.window = args.window(layer) or 0   # 0: global
+        self.scale = args.attn_scale or d ** -0.5
 
     def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch,
                 cache: KVCache) -> torch.Tensor:
         b, t, _ = x.shape
         h, kv = self.args.num_heads, self.args.num_kv_heads
         qkv = self.qkv_proj(x).view(b, t, h + 2 * kv, self.args.head_dim)
-        qk = rotate(qkv[:, :, : h + kv], cos, sin)                            # [B, T, H+KV, D]
+        qk = qkv[:, :, : h + kv]
+        if self.args.qk_norm:
+            qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), 2)
+        qk = rotate(qk, cos, sin)                                             # [B, T, H+KV, D]
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv:]
-        out = attention.attend(plan, q, k, v, self.layer, batch, cache)
+        out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
+                               self.scale, self.args.attn_softcap)
         return self.o_proj(out.reshape(b, t, -1))
 
 
@@ -129,23 +176,38 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gelu = args.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, -1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP; Gemma also normalizes each one's output before the residual
+    add (its post_attention_layernorm is that, and pre_feedforward_layernorm the MLP's input)."""
+
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.self_attn = Attention(args, layer)
         self.mlp = MLP(args)
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.rope = args.layer_rope(layer)
+        dim, eps, gemma = args.hidden_size, args.rms_norm_eps, args.gemma_norms
+        self.input_layernorm = RMSNorm(dim, eps, gemma)
+        self.post_attention_layernorm = RMSNorm(dim, eps, gemma)
+        self.sandwich = gemma
+        if gemma:
+            self.pre_feedforward_layernorm = RMSNorm(dim, eps, gemma)
+            self.post_feedforward_layernorm = RMSNorm(dim, eps, gemma)
 
     def forward(self, x, cos, sin, plan, batch: Batch, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan, batch, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, plan, batch, cache)
+        if not self.sandwich:
+            x = x + attn
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(attn)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
 class Backbone(nn.Module):
@@ -153,7 +215,7 @@ class Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.gemma_norms)
 
 
 class Transformer(nn.Module):
@@ -162,7 +224,9 @@ class Transformer(nn.Module):
         self.args = args
         self.model = Backbone(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_frequencies(args), persistent=False)
+        self.register_buffer("inv_freq", rope_table(args), persistent=False)
+        self.ropes = (args.rope,) if args.local_rope is None else (args.rope, args.local_rope)
+        self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
 
     def tie_weights(self) -> None:
@@ -172,15 +236,33 @@ class Transformer(nn.Module):
     def forward(self, batch: Batch, cache: KVCache) -> torch.Tensor:
         """Hidden states [B, T, hidden] after the final norm; the batch's KV is now cached."""
         x = self.model.embed_tokens(batch.tokens)
-        freqs = batch.positions[..., None].float() * self.inv_freq              # [B, T, D/2]
-        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :]            # [B, T, 1, D]
-        half = freqs.sin()
-        sin = torch.cat((-half, half), dim=-1)[:, :, None, :]                   # rotate's sign
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        plan = attention.plan(batch, cache, self.args.sliding_window, self.flash)
+        if self.args.embed_scale:   # rounded to the weights' dtype first, as Gemma does
+            x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
+        rotations = [self.rotation(batch.positions, r, x.dtype) for r in range(len(self.ropes))]
+        plan = attention.plan(batch, cache, self.windows, self.flash)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, plan, batch, cache)
+            x = layer(x, *rotations[layer.rope], plan, batch, cache)
         return self.model.norm(x)
 
+    def rotation(self, positions: torch.Tensor, r: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, R] of rope r at positions [B, T]. Longrope takes its long factors
+        at positions from original_max_position on, each position on its own, so that a token's
+        keys are the same however the sequence was cut into forwards (transformers switches a
+        whole forward by its last position)."""
+        rope, (short, long) = self.ropes[r], self.inv_freq[r]
+        pos = positions[..., None].float()                                   # [B, T, 1]
+        inv = torch.where(pos >= rope.original_max_position, long, short) \
+            if rope.type == "longrope" else short
+        freqs = pos * inv                                                    # [B, T, R/2]
+        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :]          # [B, T, 1, R]
+        half = freqs.sin()
+        sin = torch.cat((-half, half), dim=-1)[:, :, None, :]                 # rotate's sign
+        if rope.attention_factor != 1.0:
+            cos, sin = cos * rope.attention_factor, sin * rope.attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        cap = self.args.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

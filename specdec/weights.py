@@ -9,7 +9,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import CheckpointError, ModelArgs
-from .model import FUSED, Transformer, rope_frequencies
+from .model import FUSED, Transformer, rope_table
 
 # Buffers some older checkpoints carry that this implementation recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -56,7 +56,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
         except (OSError, SafetensorError) as e:
             raise CheckpointError(f"{file}: cannot be read: {e}") from None
     state = {k: v.to(dtype) for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
-    expected = set(_checkpoint_names(model.state_dict()))
+    names = list(model.state_dict())
+    expected = set(names if args.fused_checkpoint else _checkpoint_names(names))
     if args.tie_word_embeddings:
         expected.discard("lm_head.weight")
         state.pop("lm_head.weight", None)
@@ -65,7 +66,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
         raise CheckpointError(
             f"{path}: weights do not match config.json: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}")
-    state = _fuse(state, args, path)
+    if not args.fused_checkpoint:   # Phi-3 stores qkv_proj and gate_up_proj as they are here
+        state = _fuse(state, args, path)
     for name, tensor in state.items():
         want = model.get_parameter(name).shape
         if tensor.shape != want:
@@ -73,7 +75,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
                                   f"config.json implies {tuple(want)}")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
-    model.inv_freq = rope_frequencies(args).to(device)  # a buffer left on meta by the build
+    model.inv_freq = rope_table(args).to(device)  # a buffer left on meta by the build
     return model.eval().requires_grad_(False)
 
 

@@ -20,7 +20,35 @@ VARIANTS = {
         rope_scaling=dict(rope_type="linear", factor=2.0))),
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
     "qwen2_bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "llama_yarn": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=32))),
+    "qwen3_qk_norm": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        head_dim=16, tie_word_embeddings=True)),
+    # layer 0 global, layer 1 a window of 8 (max_window_layers)
+    "qwen3_window": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    # layer 0 a window of 8, layer 1 global; capped scores and logits, a query scale of its own
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=3.0,
+        final_logit_softcapping=4.0)),
+    # windowed layers with their own RoPE base, linear scaling on the global one
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    # half the head rotates; LongRoPE (short factors below 64 positions, long from there on)
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
+        partial_rotary_factor=0.5, max_position_embeddings=256,
+        original_max_position_embeddings=64, rope_parameters=dict(
+            rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.3, 1.7, 2.2],
+            long_factor=[1.1, 2.0, 3.5, 6.0]))),
+    "phi3_window": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=8)),
 }
+# Families whose norm weights are perturbed too (Gemma's are offsets from 1, Qwen3's and
+# Gemma 3's q/k norms are per head): a norm left at its initial value would hide a wrong formula.
+NOISY_NORMS = {"qwen3_qk_norm", "qwen3_window", "gemma2", "gemma3", "phi3_longrope",
+               "phi3_window", "llama_yarn"}
 
 
 def make_checkpoint(path: Path, variant: str = "llama2", seed: int = 0, **overrides) -> Path:
@@ -34,6 +62,8 @@ def make_checkpoint(path: Path, variant: str = "llama2", seed: int = 0, **overri
                 p.normal_(0, 0.3 if "embed" in name or "lm_head" in name else 0.15)
             elif "bias" in name:
                 p.normal_(0, 0.1)
+            elif "norm" in name and variant in NOISY_NORMS:
+                p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(path)
     return path
 

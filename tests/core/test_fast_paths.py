@@ -6,7 +6,6 @@ and speculative greedy output equals the target's own greedy output on each path
 """
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers
 
 from specdec import attention
@@ -24,10 +23,11 @@ CPU = torch.device("cpu")
 
 
 def reference_flash_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
-                                 causal, window_size):
+                                 causal, window_size, softmax_scale=None, softcap=0.0):
     """flash_attn_with_kvcache's contract: row b's k, v are written into slot cache_batch_idx[b]
     at cache_seqlens[b]; its T queries attend causally, aligned bottom-right, over the
-    cache_seqlens[b] + T keys of that slot (within window_size = (left, right))."""
+    cache_seqlens[b] + T keys of that slot (within window_size = (left, right)); scores are
+    q.k x softmax_scale (default D ** -0.5), then softcap x tanh(score / softcap) if set."""
     assert causal and cache_seqlens.dtype == torch.int32 and cache_batch_idx.dtype == torch.int32
     b, t = q.shape[:2]
     out = torch.empty_like(q)
@@ -41,9 +41,14 @@ def reference_flash_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache
         mask = kpos <= qpos
         if window_size[0] >= 0:
             mask &= kpos >= qpos - window_size[0]
-        o = F.scaled_dot_product_attention(
-            q[row].transpose(0, 1), k_cache[slot, :s + t].transpose(0, 1),
-            v_cache[slot, :s + t].transpose(0, 1), attn_mask=mask, enable_gqa=True)
+        qr = q[row].transpose(0, 1)                                          # [H, T, D]
+        kr, vr = (c[slot, :s + t].transpose(0, 1) for c in (k_cache, v_cache))  # [KV, L, D]
+        kr = kr.repeat_interleave(qr.shape[0] // kr.shape[0], 0)
+        vr = vr.repeat_interleave(qr.shape[0] // vr.shape[0], 0)
+        scores = qr @ kr.transpose(-1, -2) * (softmax_scale or qr.shape[-1] ** -0.5)
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        o = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ vr
         out[row] = o.transpose(0, 1)
     return out
 
@@ -63,7 +68,8 @@ PATHS = [(True, False), (False, True), (True, True)]
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_ragged_logits_match_transformers(tmp_path, variant, flash, graphs):
     path = make_checkpoint(tmp_path / variant, variant)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager").eval()
     engine = fast(Engine(load_model(path, torch.float32, "cpu"), 3, 64, CPU), flash, graphs)
     torch.manual_seed(2)
     seqs = [torch.randint(0, 97, (n,)) for n in (30, 21)]
@@ -171,12 +177,15 @@ def test_the_reference_matches_the_real_flash_kernel():
     cache = [torch.randn(slots, length, kv, d, device=dev, dtype=dt) for _ in range(2)]
     seqlens = torch.tensor([0, 17, 40], dtype=torch.int32, device=dev)
     idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=dev)
-    for window in ((-1, -1), (7, 0)):
+    # The Gemma options too: a query scale of its own and soft-capped scores.
+    for window, scale, cap in (((-1, -1), None, 0.0), ((7, 0), None, 0.0), ((7, 0), 0.1, 5.0)):
         ours = [c.clone() for c in cache]
         theirs = [c.clone() for c in cache]
-        want = reference_flash_with_kvcache(q, *ours, k, v, seqlens, idx, True, window)
+        want = reference_flash_with_kvcache(q, *ours, k, v, seqlens, idx, True, window, scale,
+                                            cap)
         got = attention.find_flash_kernel()(q, *theirs, k=k, v=v, cache_seqlens=seqlens,
-                                            cache_batch_idx=idx, causal=True, window_size=window)
+                                            cache_batch_idx=idx, causal=True, window_size=window,
+                                            softmax_scale=scale, softcap=cap)
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(theirs[0], ours[0])
         torch.testing.assert_close(theirs[1], ours[1])
