@@ -80,12 +80,22 @@ def kl_loss(draft: torch.nn.Module, target: Engine, tokens: torch.Tensor, length
     real = torch.arange(tokens.shape[1], device=tokens.device) < lengths.to(tokens.device)[:, None]
     t = teacher_hidden(target, tokens, lengths)[real]                       # [N, Dt]
     s = draft.model(input_ids=tokens, use_cache=False).last_hidden_state[real]  # [N, Ds]
+    head = student_head(draft)
     if len(s) <= chunk:   # one piece: nothing to save by recomputing it in backward
-        return _kl_sum(draft.lm_head, target.model, s, t) / len(s)
-    total = sum(checkpoint(_kl_sum, draft.lm_head, target.model, s[i:i + chunk],
+        return _kl_sum(head, target.model, s, t) / len(s)
+    total = sum(checkpoint(_kl_sum, head, target.model, s[i:i + chunk],
                            t[i:i + chunk], use_reentrant=False)
                 for i in range(0, len(s), chunk))
     return total / len(s)
+
+
+def student_head(draft: torch.nn.Module):
+    """The draft's hidden states -> its logits as it will serve them: Gemma 2 caps them
+    (final_logit_softcapping), the teacher's `logits` does too."""
+    cap = getattr(draft.config, "final_logit_softcapping", None)
+    if not cap:
+        return draft.lm_head
+    return lambda hidden: torch.tanh(draft.lm_head(hidden) / cap) * cap
 
 
 def _kl_sum(head, teacher, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
