@@ -1,0 +1,72 @@
+"""A real tritonserver serves a Qwen3 and a Gemma 3 pair at real shapes (random weights, the
+published configs scaled down, vocabularies as released): greedy output, speculative and plain,
+equals transformers' `generate` on the target. Gemma 3's windows are shrunk to 16 tokens so that
+the requests pass them (the target's 5 windowed layers with their local RoPE, and one global)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from specdec.config import ModelArgs
+from specdec_client import GenerationParams, generate
+from tests.e2e.conftest import heldout_prompts, launch
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import make_random_pair  # noqa: E402
+
+PROMPTS = heldout_prompts(3)
+MAX_TOKENS = 24
+# target preset, draft preset, scale, config overrides of both
+PAIRS = {
+    "qwen3": ("qwen3-8b", "qwen3-0.6b", 0.0625, {}),
+    "gemma3": ("gemma3-12b", "gemma3-1b", 0.125, {"sliding_window": 16, "vocab_size": 262208}),
+}
+
+
+def write_pair(root: Path, family: str) -> tuple[Path, Path]:
+    """`make_random_pair.py --readable` in process: output rows past the tokenizer's 4096 ids
+    are zero, so that greedy output decodes to text."""
+    target, draft, scale, overrides = PAIRS[family]
+    live = make_random_pair.tokenizer_size(make_random_pair.DEFAULT_TARGET)
+    dirs = []
+    for role, preset, seed in (("target", target, 0), ("draft", draft, 1)):
+        cfg = {**make_random_pair.scaled(make_random_pair.PRESETS[preset], scale, None),
+               **overrides}
+        make_random_pair.write_model(root / role, cfg, make_random_pair.DEFAULT_TARGET, seed,
+                                     2**31, None, None, live)
+        dirs.append(root / role)
+    return dirs[0], dirs[1]
+
+
+@pytest.fixture(scope="module", params=sorted(PAIRS))
+def family_server(request, tmp_path_factory):
+    target, draft = write_pair(tmp_path_factory.mktemp(request.param), request.param)
+    env = {"SPECDEC_TARGET_MODEL": str(target), "SPECDEC_DRAFT_MODEL": str(draft),
+           "SPECDEC_MAX_SEQUENCES": "2", "SPECDEC_MAX_SEQ_LEN": "256",
+           "SPECDEC_DRAFT_TIMEOUT_S": "600"}
+    for server in launch(tmp_path_factory, env):
+        yield request.param, target, server
+
+
+def test_real_shape_family_is_served_exactly(family_server):
+    family, target, server = family_server
+    args = ModelArgs.from_dir(target)
+    assert args.model_type == {"qwen3": "qwen3", "gemma3": "gemma3_text"}[family]
+    assert args.vocab_size > 150_000 and args.num_heads > args.num_kv_heads
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        target, dtype=torch.float32, attn_implementation="eager").eval()
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        out = ref.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                           eos_token_id=list(args.eos_token_ids) or None, pad_token_id=0)
+        tokens = out[0, len(ids):].tolist()
+        want = tokenizer.decode(tokens)
+        assert want.strip(), "the readable pair should decode to text"
+        for k in (4, 0):
+            got = generate(server.http, prompt, GenerationParams(
+                max_tokens=MAX_TOKENS, temperature=0.0, num_draft_tokens=k))
+            assert got.text == want, (family, k, prompt)
+            assert got.num_output_tokens == len(tokens)
