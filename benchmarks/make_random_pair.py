@@ -49,6 +49,11 @@ LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0
 # LongRoPE factors of Phi-4-mini-instruct's shape (48 each: 96 of its 128 head dims rotate): a
 # ramp from 1, not the release's values, which random weights would not make more meaningful.
 PHI4_FACTORS = [round(1.08 ** i, 4) for i in range(48)]
+# What Gemma 2's releases share.
+GEMMA2 = dict(model_type="gemma2", vocab_size=256000, head_dim=256, max_position_embeddings=8192,
+              query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+              final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+              rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
 PRESETS = {
     # meta-llama/Llama-3.1-8B config.json
     "llama-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32,
@@ -74,20 +79,10 @@ PRESETS = {
                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                        use_sliding_window=False, max_window_layers=28),
     # google/gemma-2-9b and gemma-2-2b config.json (alternating 4096-token windows, soft caps)
-    "gemma2-9b": dict(model_type="gemma2", hidden_size=3584, num_hidden_layers=42,
-                      num_attention_heads=16, num_key_value_heads=8, intermediate_size=14336,
-                      vocab_size=256000, head_dim=256, max_position_embeddings=8192,
-                      query_pre_attn_scalar=256, sliding_window=4096,
-                      attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                      hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                      rope_theta=10000.0, tie_word_embeddings=True),
-    "gemma2-2b": dict(model_type="gemma2", hidden_size=2304, num_hidden_layers=26,
-                      num_attention_heads=8, num_key_value_heads=4, intermediate_size=9216,
-                      vocab_size=256000, head_dim=256, max_position_embeddings=8192,
-                      query_pre_attn_scalar=256, sliding_window=4096,
-                      attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                      hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                      rope_theta=10000.0, tie_word_embeddings=True),
+    "gemma2-9b": dict(GEMMA2, hidden_size=3584, num_hidden_layers=42, num_attention_heads=16,
+                      num_key_value_heads=8, intermediate_size=14336),
+    "gemma2-2b": dict(GEMMA2, hidden_size=2304, num_hidden_layers=26, num_attention_heads=8,
+                      num_key_value_heads=4, intermediate_size=9216),
     # google/gemma-3-12b-it's text_config and google/gemma-3-1b-it (five windowed layers per
     # global one; local RoPE base 10k, global 1M with linear scaling x8 on 12B). The 12B release
     # is an image-text checkpoint whose language model has this shape and vocabulary 262208.
