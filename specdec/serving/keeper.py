@@ -53,6 +53,14 @@ class Backoff:
     hung_after_s: float = 30.0  # a ready server that answers no liveness check this long is hung
     check_every_s: float = 2.0  # between liveness checks
 
+    def wait(self, delay: float, ran_s: float) -> float:
+        """The wait before a restart: `delay`, or first_s again after a run of stable_s."""
+        return self.first_s if ran_s >= self.stable_s else delay
+
+    def grow(self, delay: float) -> float:
+        """The next restart's delay after one of `delay`."""
+        return min(2 * delay, self.max_s)
+
 
 def say(message: str) -> None:
     print(f"specdec launch: {message}", file=sys.stderr, flush=True)
@@ -120,12 +128,11 @@ class Companion:
 
     def died(self, status: int) -> None:
         ran = time.monotonic() - self.started
-        if ran >= self.backoff.stable_s:
-            self.delay = self.backoff.first_s
+        self.delay = self.backoff.wait(self.delay, ran)
         say(f"{self.name} (pid {self.proc.pid}) died with {cause(status)} after {ran:.1f} s; "
             f"restart in {self.delay:.1f} s")
         self.proc, self.due = None, time.monotonic() + self.delay
-        self.delay = min(2 * self.delay, self.backoff.max_s)
+        self.delay = self.backoff.grow(self.delay)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -265,12 +272,12 @@ class Keeper:
             if self.stopping is not None or status == 0:
                 return exit_code(status)
             uptime = time.monotonic() - ready_at
-            delay = self.backoff.first_s if uptime >= self.backoff.stable_s else delay
+            delay = self.backoff.wait(delay, uptime)
             self.restarts += 1
             say(f"tritonserver (pid {self.child.pid}) died with {cause(status)} after "
                 f"{uptime:.1f} s of service; restart {self.restarts} in {delay:.1f} s")
             self._sleep(delay)
             if self.stopping is not None:
                 return exit_code(-self.stopping)
-            delay = min(2 * delay, self.backoff.max_s)
+            delay = self.backoff.grow(delay)
             start += 1
