@@ -103,10 +103,9 @@ class ModelArgs:
         return int(self.local_rope is not None and self.window(layer) is not None)
 
     @property
-    def sliding_window(self) -> int | None:
-        """The largest window of any layer (None: every layer is global)."""
-        windows = [w for w in self.layer_windows if w]
-        return max(windows) if windows else None
+    def ropes(self) -> tuple[Rope, ...]:
+        """`rope`, and `local_rope` when set: layer_rope's indices."""
+        return (self.rope,) if self.local_rope is None else (self.rope, self.local_rope)
 
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> "ModelArgs":

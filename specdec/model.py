@@ -107,8 +107,7 @@ def inverse_frequencies(rope: Rope, dim: int) -> tuple[torch.Tensor, torch.Tenso
 def rope_table(args: ModelArgs) -> torch.Tensor:
     """[ropes, 2, rotary_dim / 2]: inverse_frequencies of args.rope (and args.local_rope)."""
     dim = args.rotary_dim or args.head_dim
-    ropes = (args.rope,) if args.local_rope is None else (args.rope, args.local_rope)
-    return torch.stack([torch.stack(inverse_frequencies(r, dim)) for r in ropes])
+    return torch.stack([torch.stack(inverse_frequencies(r, dim)) for r in args.ropes])
 
 
 # Checkpoint tensors that are one tensor here, concatenated along the output dimension in order.
@@ -225,7 +224,6 @@ class Transformer(nn.Module):
         self.model = Backbone(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_table(args), persistent=False)
-        self.ropes = (args.rope,) if args.local_rope is None else (args.rope, args.local_rope)
         self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
 
@@ -238,7 +236,7 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(batch.tokens)
         if self.args.embed_scale:   # rounded to the weights' dtype first, as Gemma does
             x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
-        rotations = [self.rotation(batch.positions, r, x.dtype) for r in range(len(self.ropes))]
+        rotations = [self.rotation(batch.positions, r, x.dtype) for r in range(len(self.inv_freq))]
         plan = attention.plan(batch, cache, self.windows, self.flash)
         for layer in self.model.layers:
             x = layer(x, *rotations[layer.rope], plan, batch, cache)
@@ -250,7 +248,7 @@ class Transformer(nn.Module):
         at positions from original_max_position on, each position on its own, so that a token's
         keys are the same however the sequence was cut into forwards (transformers switches a
         whole forward by its last position)."""
-        rope, (short, long) = self.ropes[r], self.inv_freq[r]
+        rope, (short, long) = self.args.ropes[r], self.inv_freq[r]
         pos = positions[..., None].float()                                   # [B, T, 1]
         inv = torch.where(pos >= rope.original_max_position, long, short) \
             if rope.type == "longrope" else short
