@@ -115,6 +115,25 @@ FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_at
          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
+def rotation(rope: Rope, inv_freq: torch.Tensor, positions: torch.Tensor,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, 1, R] of `rope` (inv_freq: its rope_table row [2, R / 2]) at positions
+    [B, T]. Longrope takes its long factors at positions from original_max_position on, each
+    position on its own, so that a token's keys are the same however the sequence was cut into
+    forwards (transformers switches a whole forward by its last position)."""
+    short, long = inv_freq
+    pos = positions[..., None].float()                                       # [B, T, 1]
+    inv = torch.where(pos >= rope.original_max_position, long, short) \
+        if rope.type == "longrope" else short
+    freqs = pos * inv                                                        # [B, T, R/2]
+    cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :]              # [B, T, 1, R]
+    half = freqs.sin()
+    sin = torch.cat((-half, half), dim=-1)[:, :, None, :]                     # rotate's sign
+    if rope.attention_factor != 1.0:
+        cos, sin = cos * rope.attention_factor, sin * rope.attention_factor
+    return cos.to(dtype), sin.to(dtype)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, T, H, D]; cos, sin: [B, T, 1, R], sin negated in its first half (Hugging Face's
     half-split layout: x * cos + cat(-x2, x1) * sin, with the sign moved into sin). Only the
@@ -158,16 +177,21 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch,
                 cache: KVCache) -> torch.Tensor:
         b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
+                               self.scale, self.args.attn_softcap)
+        return self.o_proj(out.reshape(b, t, -1))
+
+    def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, T, H, D], k and v [B, T, KV, D], rotated: what attention reads."""
+        b, t, _ = x.shape
         h, kv = self.args.num_heads, self.args.num_kv_heads
         qkv = self.qkv_proj(x).view(b, t, h + 2 * kv, self.args.head_dim)
         qk = qkv[:, :, : h + kv]
         if self.args.qk_norm:
             qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), 2)
         qk = rotate(qk, cos, sin)                                             # [B, T, H+KV, D]
-        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv:]
-        out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
-                               self.scale, self.args.attn_softcap)
-        return self.o_proj(out.reshape(b, t, -1))
+        return qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv:]
 
 
 class MLP(nn.Module):
@@ -226,39 +250,33 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_table(args), persistent=False)
         self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
+        # Layers whose outputs (residual stream, before the next layer) forward also returns:
+        # an EAGLE-3 head's features (eagle/). Set by the engine that serves the head.
+        self.capture: tuple[int, ...] = ()
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, batch: Batch, cache: KVCache) -> torch.Tensor:
-        """Hidden states [B, T, hidden] after the final norm; the batch's KV is now cached."""
+        """Hidden states [B, T, hidden] after the final norm; the batch's KV is now cached.
+        With `capture`, [B, T, hidden * (1 + len(capture))]: the captured layers' outputs
+        follow, in the order capture names them (one tensor: a CUDA graph has one output)."""
         x = self.model.embed_tokens(batch.tokens)
         if self.args.embed_scale:   # rounded to the weights' dtype first, as Gemma does
             x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
-        rotations = [self.rotation(batch.positions, r, x.dtype) for r in range(len(self.inv_freq))]
+        rotations = [rotation(self.args.ropes[r], self.inv_freq[r], batch.positions, x.dtype)
+                     for r in range(len(self.inv_freq))]
         plan = attention.plan(batch, cache, self.windows, self.flash)
-        for layer in self.model.layers:
+        captured = {}
+        for i, layer in enumerate(self.model.layers):
             x = layer(x, *rotations[layer.rope], plan, batch, cache)
-        return self.model.norm(x)
-
-    def rotation(self, positions: torch.Tensor, r: int,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, T, 1, R] of rope r at positions [B, T]. Longrope takes its long factors
-        at positions from original_max_position on, each position on its own, so that a token's
-        keys are the same however the sequence was cut into forwards (transformers switches a
-        whole forward by its last position)."""
-        rope, (short, long) = self.args.ropes[r], self.inv_freq[r]
-        pos = positions[..., None].float()                                   # [B, T, 1]
-        inv = torch.where(pos >= rope.original_max_position, long, short) \
-            if rope.type == "longrope" else short
-        freqs = pos * inv                                                    # [B, T, R/2]
-        cos = torch.cat((freqs, freqs), dim=-1).cos()[:, :, None, :]          # [B, T, 1, R]
-        half = freqs.sin()
-        sin = torch.cat((-half, half), dim=-1)[:, :, None, :]                 # rotate's sign
-        if rope.attention_factor != 1.0:
-            cos, sin = cos * rope.attention_factor, sin * rope.attention_factor
-        return cos.to(dtype), sin.to(dtype)
+            if i in self.capture:
+                captured[i] = x
+        x = self.model.norm(x)
+        if not self.capture:
+            return x
+        return torch.cat([x] + [captured[i] for i in self.capture], -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
