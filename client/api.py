@@ -55,7 +55,7 @@ INPUT_DATATYPES: dict[str, str] = {
     STOP_WORDS: "BYTES",
     PROPOSER: "BYTES",
 }
-PROPOSERS = ("draft", "ngram", "hybrid")
+PROPOSERS = ("draft", "ngram", "eagle", "hybrid")
 
 FINISH_CANCELLED = "cancelled"
 DEFAULT_HTTP_URL = "localhost:8000"
@@ -111,7 +111,8 @@ class GenerationParams:
     is treated the same way because a zero-width tensor is not a valid input.
     ``num_draft_tokens=0`` asks for plain target decoding; ``None`` (or -1) lets
     the server choose the draft length per round. ``proposer`` drafts with the
-    draft model, prompt lookup (``ngram``) or either per round (``hybrid``).
+    draft model, prompt lookup (``ngram``), the server's EAGLE-3 head (``eagle``)
+    or any of those it has, per round (``hybrid``).
     """
 
     max_tokens: int | None = None

@@ -8,12 +8,16 @@ call. Errors are per call (SlotError in that call's place); the other calls stil
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import attention
 from .config import CheckpointError
+from .eagle.checkpoint import load_head
+from .eagle.drafting import HeadDrafter
+from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .kv_cache import KVCache, SlotError, SlotPool
 from .model import Batch, Transformer
@@ -47,26 +51,42 @@ class VerifyCall:
     draft_probs: torch.Tensor | None  # [k, V'] or None: one-hot of drafts, exact for any
                                       # target sampling (verify.py)
     sampling: SamplingParams
+    # An engine serving an EAGLE-3 head (eagle/): None, this sequence does not use the head;
+    # else the head catches up on the committed positions and drafts next_k (>= 0) tokens.
+    next_k: int | None = None
+    drafts_from_head: bool = False   # drafts are the head's last proposal: verify with its q
 
 
 @dataclass
 class Verdict:
     tokens: list[int]          # accepted drafts + the target's correction or bonus token
     num_accepted: int
+    proposal: list[int] | None = None  # with next_k: the head's drafts for the next round
+    draft_s: float = 0.0       # seconds the head took over them (the batch's)
+    failure: str | None = None  # "error": the head failed; the verdict stands, no proposal
 
 
 class Engine:
     def __init__(self, model: Transformer, max_sequences: int, max_len: int,
                  device: torch.device, vocab_size: int | None = None,
-                 attention_kind: str = "auto", cuda_graphs: bool | None = None):
+                 attention_kind: str = "auto", cuda_graphs: bool | None = None,
+                 head: EagleHead | None = None):
         """attention_kind: auto, sdpa or flash (attention.choose). cuda_graphs: replay small
-        forwards from CUDA graphs (graphs.py); None = on CUDA. Load errors raise ValueError."""
+        forwards from CUDA graphs (graphs.py); None = on CUDA. head: an EAGLE-3 head drafting
+        inside verify (eagle/). Load errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
         self.dtype = model.lm_head.weight.dtype
         self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                              self.dtype, device)
         model.flash = attention.choose(attention_kind, device, self.dtype)
+        self.head = None
+        self.head_fault = None   # tests: () -> an exception the head raises, or None
+        if head is not None:
+            model.capture = head.args.aux_layers
+            head.flash = model.flash
+            self.head = HeadDrafter(head, max_sequences, max_len, self.dtype, device,
+                                    min(vocab_size or a.vocab_size, a.vocab_size))
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda"
         if cuda_graphs and device.type != "cuda":
@@ -84,22 +104,27 @@ class Engine:
     @classmethod
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
              device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
-             cuda_graphs: bool | None = None) -> "Engine":
-        """Load weights and allocate the slot pool; refuse loudly if the pool cannot fit."""
+             cuda_graphs: bool | None = None, head_path: str | None = None) -> "Engine":
+        """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
+        loudly if the pool cannot fit."""
         model = load_model(path, dtype, device)
         a = model.args
         if max_len > a.max_position_embeddings:
             raise CheckpointError(f"{path}/config.json: max_seq_len {max_len} exceeds "
                                   f"max_position_embeddings {a.max_position_embeddings}")
+        head = load_head(head_path, model, dtype, device) if head_path else None
         need = KVCache.bytes_needed(a.num_layers, max_sequences, max_len, a.num_kv_heads,
                                     a.head_dim, dtype)
+        if head is not None:
+            need += HeadDrafter.bytes_needed(head, max_sequences, max_len, dtype)
         free = _free_memory(device)
         if need > free:
             raise CheckpointError(
                 f"{path}: KV slot pool of {max_sequences} sequences x {max_len} tokens needs "
                 f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
                 f"lower max_sequences or max_seq_len")
-        return cls(model, max_sequences, max_len, device, vocab_size, attention_kind, cuda_graphs)
+        return cls(model, max_sequences, max_len, device, vocab_size, attention_kind, cuda_graphs,
+                   head)
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.fits(batch):
@@ -183,6 +208,8 @@ class Engine:
 
     @torch.inference_mode()
     def verify(self, calls: list[VerifyCall]) -> list[Verdict | SlotError]:
+        if self.head is not None:
+            calls = [self._head_drafts(c) for c in calls]
         slots, results, good = self._open(calls, [len(c.drafts) for c in calls])
         if not good:
             return results
@@ -191,7 +218,10 @@ class Engine:
         k_max, v = max(ks), self.vocab_size
         batch = Batch.build([c.tokens + c.drafts for c in cs], [c.start for c in cs], slots,
                             self.cache, self.device)
-        hidden = self._forward(batch)                                      # [B, T, D]
+        hidden = self._forward(batch)                                      # [B, T, D (+ A D)]
+        d = self.model.args.hidden_size
+        features = hidden[..., d:] if self.head is not None else None     # [B, T, A D]
+        hidden = hidden[..., :d]
         # Score the last committed token and every draft: K+1 positions per row.
         base = torch.tensor([len(c.tokens) - 1 for c in cs], device=self.device)
         idx = (base[:, None] + torch.arange(k_max + 1, device=self.device)).clamp(
@@ -214,17 +244,64 @@ class Engine:
                 elif k:
                     q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
         first = torch.tensor([c.start + len(c.tokens) for c in cs], device=self.device)
-        accepted, nxt = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s, first)
-        accepted, nxt = accepted.tolist(), nxt.tolist()                    # the one sync
+        accepted, nxt_t = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s,
+                                        first)
+        accepted, nxt = accepted.tolist(), nxt_t.tolist()                  # the one sync
         for b, (i, c) in enumerate(zip(good, cs)):
             m = accepted[b]
             self.pool.set_length(c.seq_id, c.start + len(c.tokens) + m)
             results[i] = Verdict(c.drafts[:m] + [nxt[b]], m)
+        if features is not None:
+            self._draft_next(cs, [results[i] for i in good], features, batch, slots, nxt_t)
         return results
+
+    def _head_drafts(self, c: VerifyCall) -> VerifyCall:
+        """The head's proposal verified with the q it was drawn from (kept here); a sampled
+        proposal whose q is gone (the engine restarted) is not verified at all: one-hot would
+        not be exact for it."""
+        q = self.head.take_q(c.seq_id)
+        if not c.drafts_from_head or c.sampling.greedy or not c.drafts:
+            return c
+        if q is None or len(q) < len(c.drafts):
+            return replace(c, drafts=[], draft_probs=None)
+        return replace(c, draft_probs=q[: len(c.drafts)])
+
+    def _draft_next(self, cs: list[VerifyCall], verdicts: list[Verdict], features: torch.Tensor,
+                    batch: Batch, slots: list[int], nxt: torch.Tensor) -> None:
+        """The head's catch-up and next proposal for the rows that use it. A failure costs the
+        proposal, never the verdict: the round's tokens stand."""
+        rows = [b for b, c in enumerate(cs) if c.next_k is not None]
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        sub = [cs[b] for b in rows]
+        idx = torch.tensor(rows, device=self.device)
+        ends = [c.start + len(c.tokens) + verdicts[b].num_accepted for b, c in zip(rows, sub)]
+        # Never past the slot: the loop's next limit is below max_len - (end + 1) anyway.
+        ks = [max(0, min(c.next_k, self.max_len - e - 1)) for c, e in zip(sub, ends)]
+        try:
+            fault = self.head_fault() if self.head_fault else None
+            if fault is not None:
+                raise fault
+            proposals = self.head.draft(
+                [c.seq_id for c in sub], features[idx], batch.tokens[idx],
+                [len(c.tokens) + len(c.drafts) for c in sub], [c.start for c in sub],
+                [slots[b] for b in rows], ends, nxt[idx], ks,
+                BatchSampling.stack([c.sampling for c in sub], self.device),
+                [c.sampling.greedy for c in sub])
+            failure = None
+        except Exception:   # the head is an accelerator: this round drafts nothing
+            proposals, failure = [[] for _ in sub], "error"
+        seconds = time.perf_counter() - t0
+        for b, tokens in zip(rows, proposals):
+            verdicts[b].proposal, verdicts[b].draft_s, verdicts[b].failure = \
+                tokens, seconds, failure
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             self.pool.release(seq_id)
+            if self.head is not None:
+                self.head.release(seq_id)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DRAFT, NGRAM = "draft", "ngram"      # proposers: the draft model, prompt lookup (ngram.py)
-PROPOSERS = (DRAFT, NGRAM)
+# Proposers: the draft model, prompt lookup (ngram.py), an EAGLE-3 head in the target (eagle/).
+DRAFT, NGRAM, EAGLE = "draft", "ngram", "eagle"
+PROPOSERS = (DRAFT, NGRAM, EAGLE)
 
 
 def expected_tokens(acceptance: list[float]) -> list[float]:
@@ -79,6 +80,8 @@ class PriorCosts:
     other: float = 0.0005
     ngram_call: float = 0.00002
     ngram_token: float = 0.000002
+    eagle_call: float = 0.0004       # the head's catch-up, inside the verification's call
+    eagle_token: float = 0.0004
 
 
 PRIOR = PriorCosts()
@@ -94,7 +97,8 @@ class Costs:
     @classmethod
     def prior(cls, p: PriorCosts) -> "Costs":
         return cls({DRAFT: LinearFit((p.draft_call, p.draft_token)),
-                    NGRAM: LinearFit((p.ngram_call, p.ngram_token))},
+                    NGRAM: LinearFit((p.ngram_call, p.ngram_token)),
+                    EAGLE: LinearFit((p.eagle_call, p.eagle_token))},
                    LinearFit((p.verify_call, p.verify_token)), LinearFit((p.other, 0.0)))
 
     @property
@@ -114,7 +118,7 @@ class Costs:
         return (self.propose_s(proposer, k) if k else 0.0) + self.verify(k) + self.other(0)
 
 
-PRIOR_ACCEPTANCE = {DRAFT: 0.6, NGRAM: 0.5}   # per position, before anything is seen
+PRIOR_ACCEPTANCE = {DRAFT: 0.6, NGRAM: 0.5, EAGLE: 0.6}   # per position, before anything
 PRIOR_WEIGHT = 2.0          # pseudo-rounds of PRIOR_ACCEPTANCE in the server's estimate
 # Pseudo-rounds of the server's estimate in a sequence's own (with the sequence's forgetting,
 # 0.97 a round, they keep its estimate from chasing a few rounds' luck where E(k)/T(k) is flat).

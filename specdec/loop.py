@@ -4,7 +4,8 @@ A `Drafter` proposes k tokens for a sequence; a `Verifier` scores them and retur
 prefix plus one token of its own. In process they wrap an `Engine` (specdec.local); in Triton
 they are BLS calls to draft_model and target_model. Per round: one draft call, one target call.
 A request may draft with the draft model, with prompt lookup (ngram.py, in this process, no
-call), or with either, chosen per round (hybrid).
+call), with an EAGLE-3 head in the target (eagle/: the verification of round r returns round
+r + 1's proposal, so a round is one call), or with any of them, chosen per round (hybrid).
 
 Cache bookkeeping lives here, not in the models: each call carries the cached length to roll
 back to and the committed tokens the model has not seen. The target always caches all committed
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
 from .engine import ProposeCall, Proposal, Verdict, VerifyCall
-from .estimates import DRAFT, NGRAM
+from .estimates import DRAFT, EAGLE, NGRAM
 from .ngram import NgramProposer
 from .policy import Choice, Planner, Policy
 from .sampling import SamplingParams
@@ -49,11 +50,14 @@ class Request:
     # The first round is the target's prefill alone, so the first token comes as soon as
     # without speculation; the draft prefills on its first proposal instead.
     prefill_alone: bool = True
-    proposer: str = DRAFT                    # "draft", "ngram" or "hybrid" (PROPOSER_SETS)
+    proposer: str = DRAFT          # "draft", "ngram", "eagle" or "hybrid" (PROPOSER_SETS)
 
 
-# What a request's proposer may draft with, in the order a fixed k prefers them.
-PROPOSER_SETS = {DRAFT: (DRAFT,), NGRAM: (NGRAM,), "hybrid": (NGRAM, DRAFT)}
+HYBRID = "hybrid"
+# What a request's proposer may draft with, in the order a fixed k prefers them. Hybrid drafts
+# with what the server has.
+PROPOSER_SETS = {DRAFT: (DRAFT,), NGRAM: (NGRAM,), EAGLE: (EAGLE,),
+                 HYBRID: (NGRAM, EAGLE, DRAFT)}
 
 
 def open_policy(planner: Planner, req: Request) -> Policy:
@@ -132,7 +136,18 @@ class Round:
     failure: str | None = None  # "error", "timeout" or "unavailable": the draft call failed
     limit: int = 0            # the most the request allowed this round
     reason: str = ""          # why k is 0 though limit is not (policy.Choice.reason)
-    proposer: str = DRAFT     # who proposed (or was asked to): "draft" or "ngram"
+    proposer: str = DRAFT     # who proposed (or was asked to): "draft", "ngram" or "eagle"
+    drafted: int = 0          # tokens the proposer drafted, when more than k (the head drafts
+                              # a round ahead, before k is chosen); draft_s is theirs
+    head_failure: str | None = None  # the head failed in this verification: no proposal next
+
+
+class _Head:
+    """The head among the drafters: its proposals come with the verdicts, and the verifier's
+    release frees its state."""
+
+    async def release(self, seq_id: int) -> None:
+        pass
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
@@ -140,31 +155,35 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     cancelled: Callable[[], bool] = lambda: False,
                     on_round: Callable[[Round], None] | None = None,
                     policy: Policy | None = None, draft_timeout_s: float | None = None,
-                    ngram: NgramProposer | None = None) -> Stats:
+                    ngram: NgramProposer | None = None, head: bool = False) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
     drafter: the draft model (None: none configured); ngram: prompt lookup, for requests whose
-    proposer is "ngram" or "hybrid".
+    proposer is "ngram" or "hybrid"; head: the verifier drafts with an EAGLE-3 head.
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
     on_round: observes every round (metrics).
     policy: chooses each round's k and proposer (policy.py); default: exactly num_draft_tokens.
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
-    drafters = {DRAFT: drafter, NGRAM: ngram}
-    allowed = PROPOSER_SETS[req.proposer]
+    drafters = {DRAFT: drafter, NGRAM: ngram, EAGLE: _Head() if head else None}
+    allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
+    if req.proposer == HYBRID:
+        allowed = tuple(p for p in allowed if drafters[p] is not None)
     missing = [p for p in allowed if drafters[p] is None]
     if missing:
         raise ValueError(f"proposer {req.proposer!r} needs {', '.join(missing)}, not configured")
     if policy is None:
         policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, False,
                                                     proposers=allowed)
+    policy.proposers = allowed
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
     target_len = 0                    # tokens the target has cached, all committed
     lens = {p: 0 for p in allowed}    # tokens each proposer holds, all committed
     used = {NGRAM} & set(allowed)     # proposers holding state for this sequence
     verified_at = None
+    pending, pending_s = [], 0.0      # the head's proposal for this round, and its seconds
     try:
         while out.finish is None:
             if cancelled():
@@ -178,10 +197,14 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             if limit and NGRAM in allowed:   # what a lookup would propose, for the choice
                 match = ngram.lookup(seq_id, lens[NGRAM], committed[lens[NGRAM]:])
                 lens[NGRAM], offers[NGRAM] = n, match.proposes(limit)
+            if limit and EAGLE in allowed:
+                offers[EAGLE] = min(len(pending), limit)
             choice = policy.choose(limit, offers) if limit else Choice(0)
-            k, p, failure, fed = choice.k, choice.proposer, None, 0
+            k, p, failure, fed, drafted = choice.k, choice.proposer, None, 0, 0
             proposal = Proposal([], None)
-            if k > 0:
+            if k > 0 and p == EAGLE:
+                proposal, drafted = Proposal(pending[:k], None), len(pending)
+            elif k > 0:
                 used.add(p)
                 fed = n - lens[p]
                 try:
@@ -193,15 +216,22 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     failure = _failure_reason(exc)
                     k, lens[p] = 0, 0      # its cache is unknown now: re-prefill next time
             t1 = time.perf_counter()
+            next_k = None
+            if EAGLE in allowed:   # the next round's limit is at most this
+                next_k = policy.lookahead(max(0, min(req.num_draft_tokens, max_len - n - 1,
+                                                     req.max_tokens - len(out.tokens) - 2)))
             verdict = await verifier.verify(VerifyCall(
                 seq_id, target_len, committed[target_len:], proposal.tokens, proposal.probs,
-                req.sampling))
+                req.sampling, next_k, p == EAGLE and k > 0))
             t2 = time.perf_counter()
+            draft_s = pending_s if p == EAGLE and k > 0 else t1 - t0
+            verify_s = t2 - t1 - verdict.draft_s   # the head's next proposal is not this round's
+            pending, pending_s = verdict.proposal or [], verdict.draft_s
             m = verdict.num_accepted
             prefill = n - target_len > 2
             committed += verdict.tokens
             target_len = n + m
-            if k > 0:
+            if k > 0 and p != EAGLE:
                 lens[p] = n + min(m, k - 1)  # it fed d_1..d_{k-1}; d_k and later never
             stats.rounds += 1
             stats.total_draft_tokens += k
@@ -210,10 +240,10 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 stats.ngram_draft_tokens += k
                 stats.ngram_accepted_tokens += m
             stats.accepted_per_round.append(m)
-            stats.draft_s += t1 - t0
-            stats.verify_s += t2 - t1
-            r = Round(k, m, t1 - t0, t2 - t1, None if verified_at is None else t0 - verified_at,
-                      prefill, fed, failure, limit, choice.reason, p)
+            stats.draft_s += draft_s
+            stats.verify_s += verify_s
+            r = Round(k, m, draft_s, verify_s, None if verified_at is None else t0 - verified_at,
+                      prefill, fed, failure, limit, choice.reason, p, drafted, verdict.failure)
             verified_at = t2
             policy.observe(r)
             if on_round is not None:

@@ -58,7 +58,8 @@ PREFIX_LENGTH = "prefix_length"    # orchestrator -> postprocessing: ids already
 IS_FINAL = "is_final"              # orchestrator -> postprocessing: flush held-back bytes
 
 # Orchestrator -> draft_model / target_model (the packing is in specdec/serving/calls.py).
-CALL = "call"                      # INT64 [6]: sequence id, start, k, top_k, seed, release
+CALL = "call"                      # INT64 [8]: sequence id, start, k, top_k, seed, release, next_k,
+                                   # drafts_from_head
 SAMPLING = "sampling"              # FP32 [2]: temperature, top_p
 TOKENS = "tokens"                  # committed tokens the model has not cached yet
 DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target

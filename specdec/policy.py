@@ -11,7 +11,8 @@ for the whole server for a backoff period; one probe at a time then tests it.
 
 Policies by request:
 - `Fixed`: num_draft_tokens = k, exactly k (0: target only) while the draft is up and no
-  operator load cap lowers it. Hybrid: the n-gram proposal when a match exists, else the draft.
+  operator load cap lowers it. Hybrid: the n-gram proposal when a match exists, else the head's,
+  else the draft's.
 - `Adaptive`: num_draft_tokens absent (auto, capped by max_draft_tokens), the estimates above.
 - `Adaptive(frozen)`: auto for a seeded sampling request. Its sampled tokens depend on the round
   structure, so its choices may depend only on its own history: the prior acceptance and the
@@ -23,7 +24,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .estimates import (DRAFT, NGRAM, PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, PROPOSERS,
+from .estimates import (DRAFT, EAGLE, PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, PROPOSERS,
                         SEQUENCE_WEIGHT, Acceptance, Costs, PriorCosts, expected_tokens)
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
@@ -61,8 +62,11 @@ class Planner:
 
     def __init__(self, max_k: int, load_cap: tuple[int, int] | None = None,
                  prior: PriorCosts = PRIOR, probe_every: int = 4, probe_max: int = 64,
-                 down_s: float = 0.5, down_max_s: float = 10.0, clock=time.monotonic):
+                 down_s: float = 0.5, down_max_s: float = 10.0, clock=time.monotonic,
+                 proposers: tuple[str, ...] = PROPOSERS):
+        """proposers: what this server has; a request's set is cut down to them."""
         self.max_k, self.load_cap, self.prior = max_k, load_cap, prior
+        self.proposers = proposers
         self.probe_every, self.probe_max = probe_every, probe_max
         self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
         self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in PROPOSERS}
@@ -79,6 +83,7 @@ class Planner:
     def open(self, num_draft_tokens: int, auto: bool, frozen: bool = False,
              proposers: tuple[str, ...] = (DRAFT,)) -> "Policy":
         """proposers: what the request may draft with, in the order a fixed k prefers them."""
+        proposers = tuple(p for p in proposers if p in self.proposers)
         self.active += 1
         if not auto:
             return Fixed(self, proposers, num_draft_tokens, frozen)
@@ -125,7 +130,7 @@ class Planner:
             return                           # a prompt's prefill is not a steady-state round
         costs = self.costs[_level(self.active)]
         if r.k and r.draft_fed <= 2:         # a draft catching up on many tokens is a prefill
-            costs.propose[r.proposer].add(r.k, r.draft_s)
+            costs.propose[r.proposer].add(r.drafted or r.k, r.draft_s)
         costs.verify.add(r.k, r.verify_s)
         if r.other_s is not None:
             costs.other.add(0, r.other_s)
@@ -172,6 +177,12 @@ class Policy:
         (n-gram: its match's continuation); absent ones can offer the limit."""
         raise NotImplementedError
 
+    def lookahead(self, limit: int) -> int:
+        """Tokens an EAGLE-3 head should draft now, with this round's verification, for the next
+        round, whose limit is at most `limit`: the head's proposal is made a round ahead, and the
+        next round's choice takes what it needs of it."""
+        raise NotImplementedError
+
     def observe(self, r) -> None:
         self.planner.observe(r, self)
 
@@ -197,12 +208,16 @@ class Fixed(Policy):
         k = self._cap(k)
         if k == 0:
             return Choice(0)
-        offer = (available or {}).get(NGRAM, k)
-        if NGRAM in self.proposers and offer > 0:
-            return Choice(min(k, offer), "", NGRAM)
-        if DRAFT in self.proposers:
-            return self._draft(k)
-        return Choice(0, "no_match", NGRAM)
+        for p in self.proposers:
+            if p == DRAFT:
+                return self._draft(k)
+            offer = (available or {}).get(p, k)
+            if offer > 0:
+                return Choice(min(k, offer), "", p)
+        return Choice(0, "no_match", self.proposers[-1])
+
+    def lookahead(self, limit: int) -> int:
+        return self._cap(min(self.k, limit)) if EAGLE in self.proposers else 0
 
 
 class Adaptive(Policy):
@@ -258,9 +273,9 @@ class Adaptive(Policy):
                 self.off_rounds[q] = 0
                 continue
             # A proposer offered but not chosen is tried now and then, or one that was never
-            # chosen would never be learned: a draft with one token, a lookup (whose tokens
-            # cost only their verification) with all it has. Only where a proposal that is
-            # always right would pay at all.
+            # chosen would never be learned: a draft with one token, a lookup or a head (whose
+            # tokens cost only their verification now) with all it has. Only where a proposal
+            # that is always right would pay at all.
             self.off_rounds[q] += 1
             if self.off_rounds[q] >= self.probe_every[q] and _best([1.0] * kmax, costs, q)[0]:
                 self.off_rounds[q], self.probe = 0, q
@@ -272,6 +287,15 @@ class Adaptive(Policy):
         if self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
             k = min(k + 1, dict(offers)[p])
         return self._draft(k) if p == DRAFT else Choice(k, "", p)
+
+    def lookahead(self, limit: int) -> int:
+        cap = self._cap(min(self.cap, limit))
+        if EAGLE not in self.proposers or cap == 0:
+            return 0
+        # One past the estimates' best, for the stretch and the probes; at least one, or a head
+        # that is off could never be probed.
+        k = _best(self.acceptance(EAGLE)[:cap], self.costs(), EAGLE)[0]
+        return min(cap, k + 1)
 
     def observe(self, r) -> None:
         super().observe(r)

@@ -4,15 +4,20 @@ A call is one Triton request with batch dimension 1; every tensor below is [1, .
 tensor is allocated, described and mapped on both sides of the Python backend's process
 boundary on every call, so a call's scalars travel packed (three tensors instead of up to nine):
 
-    call      INT64 [6]  sequence id, start position, num_draft_tokens (verify: 0), top_k,
-                         seed, release (1: free the sequence's slot, nothing else)
+    call      INT64 [8]  sequence id, start position, num_draft_tokens (verify: 0), top_k,
+                         seed, release (1: free the sequence's slot, nothing else),
+                         next_k (verify: tokens the EAGLE-3 head drafts for the next round;
+                         -1: the sequence does not use the head), drafts_from_head (1: the
+                         drafts are the head's last proposal, verified with its q)
     sampling  FP32  [2]  temperature, top_p
     tokens    INT32 [n]  committed tokens from the start position on, not cached yet
 
 The target also takes draft_tokens [k] (absent when k = 0) and draft_probs [k, V] (absent when
-the draft was greedy), and answers verdict INT32 [1 + m + 1]: the number of drafts accepted m,
-then the m accepted drafts and the target's own token. The draft answers draft_tokens [k] and,
-when asked, draft_probs. Unsigned 64-bit values travel as the int64 with the same bits.
+the draft was greedy), and answers verdict INT32 [3 + m + 1 + k']: the number of drafts
+accepted m, the head's drafting time in microseconds, 1 if the head failed, then the m accepted
+drafts and the target's own token, then the head's k' drafts for the next round. The draft
+answers draft_tokens [k] and, when asked, draft_probs. Unsigned 64-bit values travel as the
+int64 with the same bits.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ from .. import names
 from ..engine import ProposeCall, Verdict, VerifyCall
 from ..sampling import SamplingParams
 
-_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE = range(6)
+_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _FROM_HEAD = range(8)
+_FIELDS = 8
 _U64 = 1 << 64
 
 
@@ -35,10 +41,11 @@ def _unsigned(v: int) -> int:
 
 
 def _inputs(seq_id: int, start: int, tokens: list[int], k: int, s: SamplingParams,
-            release: bool = False) -> dict[str, np.ndarray]:
+            release: bool = False, next_k: int | None = None,
+            from_head: bool = False) -> dict[str, np.ndarray]:
     return {
-        names.CALL: np.array([[_signed(seq_id), start, k, s.top_k, _signed(s.seed), release]],
-                             np.int64),
+        names.CALL: np.array([[_signed(seq_id), start, k, s.top_k, _signed(s.seed), release,
+                               -1 if next_k is None else next_k, from_head]], np.int64),
         names.SAMPLING: np.array([[s.temperature, s.top_p]], np.float32),
         names.TOKENS: np.array([tokens], np.int32),
     }
@@ -51,7 +58,8 @@ def propose_inputs(call: ProposeCall) -> dict[str, np.ndarray]:
 def verify_inputs(call: VerifyCall) -> dict[str, np.ndarray]:
     """Draft probabilities travel separately, as the draft's own output tensor (DLPack)."""
     drafts = {names.DRAFT_TOKENS: np.array([call.drafts], np.int32)} if call.drafts else {}
-    return {**_inputs(call.seq_id, call.start, call.tokens, 0, call.sampling), **drafts}
+    return {**_inputs(call.seq_id, call.start, call.tokens, 0, call.sampling, False,
+                      call.next_k, call.drafts_from_head), **drafts}
 
 
 def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
@@ -60,8 +68,8 @@ def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
 
 def _fields(inputs: dict) -> list[int]:
     fields = inputs[names.CALL].reshape(-1).tolist()
-    if len(fields) != 6:
-        raise ValueError(f"{names.CALL} has {len(fields)} values, expected 6")
+    if len(fields) != _FIELDS:
+        raise ValueError(f"{names.CALL} has {len(fields)} values, expected {_FIELDS}")
     return fields
 
 
@@ -91,13 +99,18 @@ def verify_call(inputs: dict, draft_probs) -> VerifyCall:
     drafts = inputs.get(names.DRAFT_TOKENS)
     return VerifyCall(_unsigned(f[_SEQ]), f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
                       [] if drafts is None else drafts.reshape(-1).tolist(),
-                      draft_probs, sampling(inputs))
+                      draft_probs, sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
+                      bool(f[_FROM_HEAD]))
 
 
 def verdict_output(v: Verdict) -> np.ndarray:
-    return np.array([[v.num_accepted, *v.tokens]], np.int32)
+    return np.array([[v.num_accepted, round(v.draft_s * 1e6), v.failure is not None, *v.tokens,
+                      *(v.proposal or [])]], np.int32)
 
 
 def verdict(output: np.ndarray) -> Verdict:
     values = output.reshape(-1).tolist()
-    return Verdict(values[1:], values[0])
+    m, micros, failed = values[:3]
+    end = 3 + m + 1
+    return Verdict(values[3:end], m, values[end:] or None, micros / 1e6,
+                   "error" if failed else None)

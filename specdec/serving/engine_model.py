@@ -37,7 +37,11 @@ class _EngineModel:
         device = s.torch_device()
         self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
                                   device, vocab_size=vocab, attention_kind=s.attention,
-                                  cuda_graphs=s.cuda_graphs and device.type == "cuda")
+                                  cuda_graphs=s.cuda_graphs and device.type == "cuda",
+                                  head_path=s.eagle_head_path or None)
+        if s.eagle_fault:   # tests only: the head fails inside a verification that stands
+            head_faults = faults.Injector(faults.parse(s.eagle_fault))
+            self.engine.head_fault = lambda: head_faults.before(1)[0]
 
     def _slot_gauges(self, pb, total: int) -> None:
         # Triton requires a MetricFamily to outlive its metrics: keep both on the instance.

@@ -57,6 +57,20 @@ class Metrics:
         self.accepted_tokens = by_proposer("specdec_accepted_tokens_total",
                                            "Proposed tokens accepted by the target")
         self.rounds = counter("specdec_rounds_total", "Propose/verify rounds (target passes)")
+        # A round is one target call, and one draft_model call before it when the draft model
+        # proposes; the head (eagle) drafts inside the target's call. By the round's proposer
+        # ("none": the round drafted nothing).
+        calls = family("specdec_bls_calls_total",
+                       "BLS calls to draft_model and target_model, by the round's proposer",
+                       kinds.COUNTER)
+        per_round = family("specdec_bls_calls_per_round",
+                           "BLS calls per round since start, by the round's proposer",
+                           kinds.GAUGE)
+        self.calls = {p: calls.Metric(labels={**labels, "proposer": p})
+                      for p in PROPOSERS + ("none",)}
+        self.calls_per_round = {p: per_round.Metric(labels={**labels, "proposer": p})
+                                for p in PROPOSERS + ("none",)}
+        self._calls_seen = {p: [0, 0] for p in PROPOSERS + ("none",)}   # calls, rounds
         self.output_tokens = counter("specdec_output_tokens_total", "Tokens returned to clients")
         requests = family("specdec_requests_total", "Finished requests by finish reason",
                           kinds.COUNTER)
@@ -125,6 +139,9 @@ class Metrics:
         for counter, n in pending.items():
             counter.increment(n)
         self._flushed_at = time.monotonic()
+        for p, (n_calls, n_rounds) in self._calls_seen.items():
+            if n_rounds:
+                self.calls_per_round[p].set(n_calls / n_rounds)
         if self.estimates is not None:
             e = self.estimates()
             for p, rates in e.acceptance.items():
@@ -135,8 +152,16 @@ class Metrics:
 
     def round(self, r: Round) -> None:
         self._count(self.rounds, 1)
+        drafted = r.k > 0 or r.failure is not None
+        label = r.proposer if drafted else "none"
+        calls = 1 + (drafted and r.proposer == DRAFT)
+        self._count(self.calls[label], calls)
+        seen = self._calls_seen[label]
+        seen[0], seen[1] = seen[0] + calls, seen[1] + 1
         if r.failure:
             self._count(self.draft_failures[r.failure], 1)
+        if r.head_failure:
+            self._count(self.draft_failures[r.head_failure], 1)
         if r.limit and r.k:
             self.chosen_k.observe(r.k)
         elif r.limit and r.reason:

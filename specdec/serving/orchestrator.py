@@ -42,7 +42,8 @@ class Orchestrator:
         # a BLS call milliseconds (docs/benchmarks.md).
         self.ngram = NgramProposer(settings.ngram_max_n, settings.ngram_min_n)
         self.metrics = metrics
-        self.planner = Planner(settings.max_draft_tokens, settings.load_cap)
+        self.planner = Planner(settings.max_draft_tokens, settings.load_cap,
+                               proposers=settings.proposers)
         metrics.estimates = self.planner.estimates
         self.slots = asyncio.Semaphore(settings.max_sequences)
         self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
@@ -91,7 +92,7 @@ class Orchestrator:
                 await speculate(next(self.ids), req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, emit, request.is_cancelled,
                                 self.metrics.round, policy, self.settings.draft_timeout_s,
-                                self.ngram)
+                                self.ngram, self.settings.has_head)
             finally:
                 self.planner.close(policy)
                 self.metrics.active.set(self.planner.active)

@@ -162,9 +162,10 @@ def parse_proposer(inputs: dict, settings: OrchestratorSettings) -> str:
     value = decode_text(arr[0], names.PROPOSER)
     if value not in PROPOSERS:
         raise InvalidInput(f"{names.PROPOSER}: {value[:40]!r} is not one of {', '.join(PROPOSERS)}")
-    if value != "ngram" and not settings.has_draft:
-        raise InvalidInput(f"{names.PROPOSER}: {value!r} needs a draft model and this server "
-                           f"has none; use ngram")
+    lacks = settings.missing(value)
+    if lacks:
+        raise InvalidInput(f"{names.PROPOSER}: {value!r} needs {lacks}; this server drafts "
+                           f"with {', '.join(settings.proposers)}")
     return value
 
 

@@ -26,7 +26,7 @@ _DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 NO_DRAFT = "none"   # $SPECDEC_DRAFT_MODEL=none: no draft model, prompt lookup only
-PROPOSERS = ("draft", "ngram", "hybrid")
+PROPOSERS = ("draft", "ngram", "eagle", "hybrid")
 
 
 class SettingsError(ValueError):
@@ -81,13 +81,16 @@ class EngineSettings:
     attention: str = "auto"       # auto: flash-attn on CUDA when installed, else SDPA; sdpa; flash
     cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
     fault: str = ""               # tests only: a fault script (faults.py); $SPECDEC_<ROLE>_FAULT
+    eagle_head_path: str = ""     # target: an EAGLE-3 head drafting in its process; $SPECDEC_EAGLE_HEAD
+    eagle_fault: str = ""         # tests only: the head's fault script; $SPECDEC_EAGLE_FAULT
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
         """role: "target" or "draft"; its path comes from $SPECDEC_TARGET_MODEL / _DRAFT_MODEL."""
         s = _parse(cls, params, {"model_path": f"{ENV_PREFIX}{role.upper()}_MODEL",
                                  "target_model_path": f"{ENV_PREFIX}TARGET_MODEL",
-                                 "fault": f"{ENV_PREFIX}{role.upper()}_FAULT"})
+                                 "fault": f"{ENV_PREFIX}{role.upper()}_FAULT",
+                                 "eagle_head_path": f"{ENV_PREFIX}EAGLE_HEAD"})
         path = s.model_path or str(DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT)
         target = s.target_model_path or (path if role == "target" else str(DEFAULT_TARGET))
         if path == NO_DRAFT and role != "draft":
@@ -98,12 +101,14 @@ class EngineSettings:
             raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
         if s.attention not in ("auto", "sdpa", "flash"):
             raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
-        try:
-            faults.parse(s.fault)
-        except ValueError as e:
-            raise SettingsError(f"fault {s.fault!r}: {e}") from None
+        for name in ("fault", "eagle_fault"):
+            try:
+                faults.parse(getattr(s, name))
+            except ValueError as e:
+                raise SettingsError(f"{name} {getattr(s, name)!r}: {e}") from None
+        head = s.eagle_head_path if role == "target" and s.eagle_head_path != NO_DRAFT else ""
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
-                   s.attention, s.cuda_graphs, s.fault)
+                   s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault)
 
     @property
     def disabled(self) -> bool:
@@ -145,7 +150,9 @@ class OrchestratorSettings:
     spec_full_below: int = 0         # optional cap on k: full below this many active sequences,
     spec_off_at: int = 0             # none from spec_off_at on (0: no cap; seeded sampling exempt)
     draft_model_path: str = ""       # $SPECDEC_DRAFT_MODEL; "none": prompt lookup only
-    default_proposer: str = ""       # draft, ngram or hybrid; "": hybrid, ngram without a draft
+    eagle_head_path: str = ""        # $SPECDEC_EAGLE_HEAD: target_model drafts with this head
+    default_proposer: str = ""       # draft, ngram, eagle or hybrid; "": hybrid (with what the
+                                     # server has), ngram with neither a draft nor a head
     ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
     ngram_min_n: int = 2
 
@@ -154,9 +161,30 @@ class OrchestratorSettings:
         return self.draft_model_path != NO_DRAFT
 
     @property
+    def has_head(self) -> bool:
+        return self.eagle_head_path not in ("", NO_DRAFT)
+
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        """What this server drafts with (estimates.PROPOSERS' names)."""
+        return (("draft",) if self.has_draft else ()) + ("ngram",) + \
+            (("eagle",) if self.has_head else ())
+
+    def missing(self, proposer: str) -> str | None:
+        """What a request's (or the default) proposer needs that this server lacks, or None."""
+        if proposer == "draft" and not self.has_draft:
+            return f"a draft model, and $SPECDEC_DRAFT_MODEL is {NO_DRAFT!r}"
+        if proposer == "eagle" and not self.has_head:
+            return "an EAGLE-3 head, and $SPECDEC_EAGLE_HEAD is not set"
+        if proposer == "hybrid" and not (self.has_draft or self.has_head):
+            return "a draft model or an EAGLE-3 head, and this server has neither"
+        return None
+
+    @property
     def proposer(self) -> str:
         """What a request that names none drafts with."""
-        return self.default_proposer or ("hybrid" if self.has_draft else "ngram")
+        return self.default_proposer or (
+            "hybrid" if self.has_draft or self.has_head else "ngram")
 
     @property
     def load_cap(self) -> tuple[int, int] | None:
@@ -165,7 +193,8 @@ class OrchestratorSettings:
     @classmethod
     def parse(cls, params: dict) -> "OrchestratorSettings":
         s = _parse(cls, params, {"target_model_path": ENV_PREFIX + "TARGET_MODEL",
-                                 "draft_model_path": ENV_PREFIX + "DRAFT_MODEL"})
+                                 "draft_model_path": ENV_PREFIX + "DRAFT_MODEL",
+                                 "eagle_head_path": ENV_PREFIX + "EAGLE_HEAD"})
         if not -1 <= s.default_num_draft_tokens <= s.max_draft_tokens:
             raise SettingsError("default_num_draft_tokens must be -1 (auto) or within "
                                 "0..max_draft_tokens")
@@ -180,9 +209,9 @@ class OrchestratorSettings:
         if s.default_proposer not in ("", *PROPOSERS):
             raise SettingsError(f"default_proposer {s.default_proposer!r}: expected one of "
                                 f"{', '.join(PROPOSERS)}")
-        if s.draft_model_path == NO_DRAFT and s.default_proposer in ("draft", "hybrid"):
-            raise SettingsError(f"default_proposer {s.default_proposer!r} needs a draft model, "
-                                f"and $SPECDEC_DRAFT_MODEL is {NO_DRAFT!r}")
+        lacks = s.default_proposer and s.missing(s.default_proposer)
+        if lacks:
+            raise SettingsError(f"default_proposer {s.default_proposer!r} needs {lacks}")
         if not 1 <= s.ngram_min_n <= s.ngram_max_n:
             raise SettingsError("need 1 <= ngram_min_n <= ngram_max_n")
         path = s.target_model_path or str(DEFAULT_TARGET)

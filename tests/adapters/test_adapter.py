@@ -88,8 +88,18 @@ def test_wire_format_round_trip_and_config_types():
     assert set(p_in) == {names.CALL, names.SAMPLING, names.TOKENS}  # every tensor costs a call
     assert calls.sequence_id(calls.release_inputs(2**64 - 1)) == 2**64 - 1
     assert calls.verdict(calls.verdict_output(Verdict([7, 8, 9], 2))) == Verdict([7, 8, 9], 2)
+    # With an EAGLE-3 head: the next round's proposal, its drafting time, a failure.
+    head = Verdict([7, 8], 1, [4, 5, 6], 0.001234, None)
+    assert calls.verdict(calls.verdict_output(head)) == head
+    failed = Verdict([3], 0, None, 0.5, "error")
+    assert calls.verdict(calls.verdict_output(failed)) == failed
+    call = VerifyCall(5, 7, [3], [1, 2], None, s, next_k=4, drafts_from_head=True)
+    back = calls.verify_call(calls.verify_inputs(call), None)
+    assert (back.next_k, back.drafts_from_head, back.drafts) == (4, True, [1, 2])
+    assert calls.verify_call(calls.verify_inputs(VerifyCall(5, 0, [3], [], None, s)),
+                             None).next_k is None
     p_in[names.CALL] = p_in[names.CALL][:, :4]
-    with pytest.raises(ValueError, match="call has 4 values, expected 6"):
+    with pytest.raises(ValueError, match="call has 4 values, expected 8"):
         calls.propose_call(p_in)
 
 

@@ -43,9 +43,35 @@ def test_counters_are_sent_when_the_request_finishes(monkeypatch):
     assert value("specdec_accepted_at_position_total", proposer="draft", position="5") == 10
     assert value("specdec_accepted_at_position_total", proposer="draft", position="6") == 0
     assert value("specdec_requests_total", finish_reason="length") == 1
-    # One increment per counter that moved (rounds, drafted, accepted, output, 8 + 5 positions,
-    # the finish reason) and the acceptance histogram.
-    assert sent.calls == 10 * 5 + 4 + 8 + 5 + 1 + 1
+    # Each round was a draft_model call and a target_model call.
+    assert value("specdec_bls_calls_total", proposer="draft") == 20
+    assert value("specdec_bls_calls_per_round", proposer="draft") == 2.0
+    # One increment per counter that moved (rounds, BLS calls, drafted, accepted, output, 8 + 5
+    # positions, the finish reason) and the acceptance histogram.
+    assert sent.calls == 10 * 5 + 5 + 8 + 5 + 1 + 1
+
+
+def test_a_round_with_the_head_is_one_bls_call():
+    """The head drafts inside the target's call: one call a round, against two with the draft
+    model; a round that drafted nothing is one call too."""
+    m = Metrics(fake_pb, "eagle_test", max_draft_tokens=8)
+    for _ in range(6):
+        m.round(Round(k=4, accepted=3, draft_s=0.001, verify_s=0.01, proposer="eagle",
+                      drafted=5))
+    m.round(Round(k=2, accepted=1, draft_s=0.01, verify_s=0.01, proposer="draft"))
+    m.round(Round(k=0, accepted=0, draft_s=0.0, verify_s=0.01, proposer="eagle",
+                  head_failure="error"))
+    m.flush()
+
+    def of(name, **labels):
+        (metric,) = fake_pb.metrics(name, model="eagle_test", **labels)
+        return metric.value()
+    assert of("specdec_bls_calls_per_round", proposer="eagle") == 1.0
+    assert of("specdec_bls_calls_per_round", proposer="draft") == 2.0
+    assert of("specdec_bls_calls_total", proposer="none") == 1
+    assert of("specdec_draft_tokens_total", proposer="eagle") == 24
+    assert of("specdec_accepted_at_position_total", proposer="eagle", position="3") == 6
+    assert of("specdec_draft_failures_total", reason="error") == 1
 
 
 def test_long_requests_send_counters_while_they_run(monkeypatch):

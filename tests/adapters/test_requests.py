@@ -223,14 +223,26 @@ def test_proposer_defaults_to_hybrid_with_a_draft_and_lookup_without():
     assert parse_request(inputs(), no_draft, EOS, VOCAB)[0].proposer == "ngram"
     for p in ("draft", "ngram", "hybrid"):
         assert parse_request(inputs(proposer=proposer(p)), SETTINGS, EOS, VOCAB)[0].proposer == p
+    # A server with a head and no draft: hybrid (lookup and the head) by default, eagle asked.
+    head_only = OrchestratorSettings(draft_model_path="none", eagle_head_path="/head")
+    assert head_only.proposers == ("ngram", "eagle")
+    assert parse_request(inputs(), head_only, EOS, VOCAB)[0].proposer == "hybrid"
+    assert parse_request(inputs(proposer=proposer("eagle")), head_only, EOS,
+                         VOCAB)[0].proposer == "eagle"
 
 
 @pytest.mark.parametrize("value,settings,message", [
-    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, hybrid"),
+    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, eagle, hybrid"),
     ("draft", OrchestratorSettings(draft_model_path="none"),
-     "proposer: 'draft' needs a draft model and this server has none"),
+     "proposer: 'draft' needs a draft model, and $SPECDEC_DRAFT_MODEL is 'none'; this server "
+     "drafts with ngram"),
     ("hybrid", OrchestratorSettings(draft_model_path="none"),
-     "proposer: 'hybrid' needs a draft model and this server has none"),
+     "proposer: 'hybrid' needs a draft model or an EAGLE-3 head, and this server has neither"),
+    ("eagle", SETTINGS, "proposer: 'eagle' needs an EAGLE-3 head, and $SPECDEC_EAGLE_HEAD is not "
+                        "set; this server drafts with draft, ngram"),
+    ("draft", OrchestratorSettings(draft_model_path="none", eagle_head_path="/h"),
+     "proposer: 'draft' needs a draft model, and $SPECDEC_DRAFT_MODEL is 'none'; this server "
+     "drafts with ngram, eagle"),
 ])
 def test_bad_proposer_is_named(value, settings, message):
     with pytest.raises(InvalidInput) as e:

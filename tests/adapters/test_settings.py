@@ -183,6 +183,7 @@ def test_attention_and_cuda_graphs(monkeypatch):
 @pytest.mark.parametrize("values,message", [
     (dict(default_proposer="lookup"), "default_proposer 'lookup'"),
     (dict(draft_model_path="none", default_proposer="draft"), "needs a draft model"),
+    (dict(default_proposer="eagle"), "needs an EAGLE-3 head, and .SPECDEC_EAGLE_HEAD is not set"),
     (dict(ngram_min_n="3", ngram_max_n="2"), "ngram_min_n"),
 ])
 def test_proposer_settings_are_checked(values, message):

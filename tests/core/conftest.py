@@ -18,6 +18,14 @@ def pair_dir(tmp_path_factory):
     return target, make_draft(target, root / "draft", noise=0.5)
 
 
+@pytest.fixture(scope="session")
+def small_pair(tmp_path_factory):
+    """A 5-token vocabulary: every short continuation's probability can be enumerated."""
+    root = tmp_path_factory.mktemp("small")
+    target = make_checkpoint(root / "t", "llama2", vocab_size=5, seed=3)
+    return target, make_draft(target, root / "d", noise=1.0, seed=4)
+
+
 def engines(pair, dtype=torch.float64, max_sequences=32, max_len=128):
     target, draft = pair
     cpu = torch.device("cpu")

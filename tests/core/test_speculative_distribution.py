@@ -23,7 +23,6 @@ from specdec.ngram import NgramProposer
 from specdec.policy import Planner, PriorCosts
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
-from tests.tiny_checkpoints import make_checkpoint, make_draft
 
 V, LENGTH, N = 5, 3, 4000
 PROMPT = [1, 3, 0, 2]
@@ -40,15 +39,10 @@ class AcceptanceOnly(Planner):
         return self.frozen_costs
 
 
-@pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("small")
-    target = make_checkpoint(root / "t", "llama2", vocab_size=V, seed=3)
-    return target, make_draft(target, root / "d", noise=1.0, seed=4)
-
-
-def exact_distribution(path, params: SamplingParams, prompt=PROMPT) -> dict[tuple, float]:
-    """P(x1 x2 x3 | prompt) under the model with HF's own temperature/top-k/top-p warpers."""
+def exact_distribution(path, params: SamplingParams, prompt=PROMPT,
+                       length=LENGTH) -> dict[tuple, float]:
+    """P(x1 .. x_length | prompt) under the model with HF's own temperature/top-k/top-p
+    warpers."""
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
     warpers = [transformers.TemperatureLogitsWarper(params.temperature)]
     if params.top_k:
@@ -56,7 +50,7 @@ def exact_distribution(path, params: SamplingParams, prompt=PROMPT) -> dict[tupl
     if params.top_p < 1:
         warpers.append(transformers.TopPLogitsWarper(params.top_p))
     dist = {}
-    for seq in itertools.product(range(V), repeat=LENGTH):
+    for seq in itertools.product(range(V), repeat=length):
         ids = torch.tensor([prompt + list(seq)])
         with torch.no_grad():
             logits = model(ids).logits[0, len(prompt) - 1: -1]

@@ -16,15 +16,20 @@ def prompts(n=12):
             for l in torch.randint(1, 30, (n,), generator=gen)]
 
 
-@pytest.fixture(scope="module")
-def hf_greedy(pair_dir):
-    ref = transformers.AutoModelForCausalLM.from_pretrained(pair_dir[0], dtype=torch.float64)
+def transformers_greedy(target_dir, prompts_, max_tokens=MAX_TOKENS) -> list[list[int]]:
+    """The target alone, as transformers' generate decodes it greedily."""
+    ref = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64)
     out = []
-    for p in prompts():
-        ids = ref.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
+    for p in prompts_:
+        ids = ref.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
                            eos_token_id=None, pad_token_id=0)
         out.append(ids[0, len(p):].tolist())
     return out
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(pair_dir):
+    return transformers_greedy(pair_dir[0], prompts())
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5, 6, 7, 8])
@@ -106,6 +111,7 @@ def test_context_window_ends_generation(pair_dir):
 
 class Scripted:
     """A policy that plays a fixed schedule of k, whatever the request allows."""
+    proposers = ("draft",)
 
     def __init__(self, ks):
         self.ks = iter(ks)

@@ -1,0 +1,99 @@
+"""The head's work inside a target verification: catch up on the newly committed positions,
+then draft the next round's tokens.
+
+After the target has verified row b (its forward covered tokens + drafts from position start_b;
+m_b drafts accepted; x_b the target's own next token), the committed positions now cached are
+start_b .. N_b - 1 with N_b = start_b + len(tokens_b) + m_b. The head caches one pair per
+position: (the target's features there, the token one further), the last pair's token being x_b.
+Its output at position N_b - 1 drafts d_1; step j feeds (its previous output, d_j) at position
+N_b - 1 + j. Positions past N_b - 1 hold rejected or drafted pairs, masked by the slot's length
+until overwritten, exactly as the target's cache.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from ..model import Batch
+from ..sampling import DRAFT, BatchSampling, probabilities, sample
+from .head import EagleHead
+
+
+class HeadDrafter:
+    def __init__(self, head: EagleHead, max_sequences: int, max_len: int, dtype: torch.dtype,
+                 device: torch.device, vocab_size: int):
+        a = head.args.layer
+        self.head, self.device, self.max_len, self.vocab_size = head, device, max_len, vocab_size
+        self.cache = KVCache(1, max_sequences, max_len, a.num_kv_heads, a.head_dim, dtype, device)
+        # seq_id -> q [k, V] of its pending proposal, when sampled; the next verification of
+        # that proposal reads it here: it never leaves the process.
+        self.q: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def bytes_needed(head: EagleHead, max_sequences: int, max_len: int,
+                     dtype: torch.dtype) -> int:
+        a = head.args.layer
+        return KVCache.bytes_needed(1, max_sequences, max_len, a.num_kv_heads, a.head_dim, dtype)
+
+    def take_q(self, seq_id: int) -> torch.Tensor | None:
+        return self.q.pop(seq_id, None)
+
+    def release(self, seq_id: int) -> None:
+        self.q.pop(seq_id, None)
+
+    def draft(self, seq_ids: list[int], features: torch.Tensor, rows: torch.Tensor,
+              lengths: list[int], starts: list[int], slots: list[int], ends: list[int],
+              nxt: torch.Tensor, ks: list[int], s: BatchSampling,
+              greedy: list[bool]) -> list[list[int]]:
+        """Catch up and draft, for rows that use the head.
+
+        features: [B, T, A * Ht] the target's captured layers over its forward; rows: [B, T] the
+        forward's tokens (committed + drafts); lengths: tokens each row fed; starts, slots: as
+        the forward's; ends: N_b, committed positions now cached; nxt: [B] the target's token;
+        ks: tokens to draft per row (0: catch up only); s, greedy: the rows' sampling.
+        Returns each row's drafted target ids ([] where k is 0); sampled rows' q are kept.
+        """
+        head, dev = self.head, self.device
+        b = len(seq_ids)
+        last = torch.tensor(ends, device=dev) - torch.tensor(starts, device=dev) - 1   # [B]
+        # Pair tokens: one position ahead of the features, x_b at the last committed position.
+        ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
+        batch = Batch.build(ahead, starts, slots, self.cache, dev, lengths)
+        h = head(batch, head.fc(features.to(head.fc.weight.dtype)), self.cache)     # [B, T, H]
+        h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
+        k_max = max(ks)
+        if k_max == 0:
+            return [[] for _ in range(b)]
+        first = torch.tensor(ends, device=dev)[:, None]        # [B, 1] position of the step input
+        ks_t = torch.tensor(ks, device=dev)[:, None]
+        slots_t = torch.tensor(slots, device=dev)[:, None]
+        no_row = torch.zeros(b, dtype=torch.int64, device=dev)
+        consecutive = slots == list(range(slots[0], slots[0] + b))
+        drafted, probs = [], []
+        for j in range(k_max):
+            logits = head.target_logits(h, self.vocab_size)                           # [B, 1, V]
+            if s.all_greedy:
+                d = logits.argmax(-1)                                                 # [B, 1]
+            else:
+                p = probabilities(logits, s)
+                d = sample(p, s, first + 1 + j, DRAFT)      # d_{j+1} sits at position N + j + 1
+                probs.append(p)
+            drafted.append(d)
+            if j + 1 == k_max:
+                break
+            pos = (first + j).clamp(max=self.max_len - 1)
+            write = torch.where(ks_t > j + 1, slots_t, self.cache.scratch)
+            step = Batch(d, pos, write, slots_t[:, 0], min(max(ends) + j + 1, self.max_len),
+                         no_row, slots[0] if consecutive else None,
+                         min(max(ends) + j, self.max_len - 1) + 1)
+            h = head(step, h, self.cache)
+        tokens = torch.cat(drafted, 1).tolist()
+        q = torch.cat(probs, 1) if probs else None                                   # [B, K, V]
+        out = []
+        for i, (seq, k) in enumerate(zip(seq_ids, ks)):
+            out.append(tokens[i][:k])
+            if q is not None and k and not greedy[i]:
+                self.q[seq] = q[i, :k]
+            else:
+                self.q.pop(seq, None)
+        return out

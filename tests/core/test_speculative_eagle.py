@@ -1,0 +1,178 @@
+"""Speculation with an EAGLE-3 head in the target's engine: the verification of round r drafts
+round r + 1. Temperature 0: output equals the target's own greedy output; sampling: the output
+follows the target's distribution, the head's q verified where it was made; a failing head costs
+only its proposals."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specdec.eagle.checkpoint import load_head
+from specdec.eagle.config import HeadArgs
+from specdec.eagle.head import EagleHead
+from specdec.engine import Engine, VerifyCall
+from specdec.loop import Request
+from specdec.ngram import NgramProposer
+from specdec.sampling import SamplingParams
+from specdec.weights import load_model
+from specdec.policy import Planner
+from tests.core.conftest import generate
+from tests.core.eagle_helpers import trained_head_dir
+from tests.core.test_speculative_exact import MAX_TOKENS, prompts, transformers_greedy
+from tests.core.test_speculative_distribution import (N, PROMPT, AcceptanceOnly,
+                                                      chi_square_p, exact_distribution)
+
+CPU = torch.device("cpu")
+# Four tokens (625 continuations): the first comes from the prefill, which makes the head's
+# first proposal, so three are left to draft.
+LENGTH = 4
+
+
+def random_head(model, aux=(0, 1, 1), seed=0, sharpen=4.0) -> EagleHead:
+    """An untrained head over the whole vocabulary, its logits sharpened so that q is far from
+    uniform: it agrees with the target some of the time, by chance."""
+    a = model.args
+    layer = replace(a, num_layers=1, tie_word_embeddings=False, layer_windows=(),
+                    eos_token_ids=())
+    torch.manual_seed(seed)
+    head = EagleHead(HeadArgs(layer, a.vocab_size, a.hidden_size, aux)).to(
+        model.lm_head.weight.dtype)
+    with torch.no_grad():
+        head.lm_head.weight.mul_(sharpen)
+    return head.eval().requires_grad_(False)
+
+
+def eagle_engine(target_dir, head=None, max_sequences=32, max_len=128, dtype=torch.float64):
+    model = load_model(target_dir, dtype, CPU)
+    return Engine(model, max_sequences, max_len, CPU, head=head or random_head(model))
+
+
+@pytest.mark.parametrize("k,params,auto", [
+    (3, SamplingParams(temperature=1.0), False),
+    (2, SamplingParams(temperature=0.8, top_k=4, top_p=0.9), False),
+    (3, SamplingParams(temperature=1.0), True),
+])
+def test_eagle_samples_follow_target(small_pair, k, params, auto):
+    engine = eagle_engine(small_pair[0], max_sequences=N, max_len=16)
+    reqs = [Request(PROMPT, LENGTH, k, SamplingParams(params.temperature, params.top_k,
+                                                      params.top_p, seed=1_000_003 * i + 7),
+                    auto=auto, prefill_alone=False, proposer="eagle") for i in range(N)]
+    rounds = []
+    results = generate(engine, None, reqs, planner=AcceptanceOnly(k) if auto else None,
+                       on_round=rounds.append, head=True)
+    counts: dict[tuple, int] = {}
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    proposed = sum(s.total_draft_tokens for _, s, _ in results)
+    rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / proposed
+    assert proposed > 1.5 * N and 0.2 < rate < 0.95, (proposed, rate)  # both paths weigh
+    assert all(r.proposer == "eagle" for r in rounds if r.k)
+    if auto:   # k varied by round (the policy within each round's limit)
+        chosen = [r.k for r in rounds if r.limit]
+        assert all(chosen.count(j) > N // 20 for j in (1, 2)), chosen
+    assert chi_square_p(counts, exact_distribution(small_pair[0], params, PROMPT, LENGTH)) > 1e-3
+    # Negative control: another model's distribution is told apart.
+    assert chi_square_p(counts, exact_distribution(small_pair[1], params, PROMPT, LENGTH)) < 1e-6
+    assert engine.pool.active == 0 and not engine.head.q   # every sequence's state released
+
+
+def test_hybrid_of_lookup_and_head_samples_follow_target(small_pair):
+    prompt, params = [0, 3, 4, 0, 3], SamplingParams(temperature=1.0)
+    engine = eagle_engine(small_pair[0], max_sequences=N, max_len=16)
+    reqs = [Request(prompt, LENGTH, 2, SamplingParams(1.0, seed=1_000_003 * i + 7), auto=True,
+                    prefill_alone=False, proposer="hybrid") for i in range(N)]
+    planner, rounds = AcceptanceOnly(2), []
+    planner.acceptance["ngram"].add(2, 1)
+    results = generate(engine, None, reqs, planner=planner, on_round=rounds.append,
+                       ngram=NgramProposer(), head=True)
+    by = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("eagle", "ngram")}
+    assert min(by.values()) > N // 10, by
+    counts: dict[tuple, int] = {}
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt, LENGTH)) > 1e-3
+
+
+def test_sampled_proposal_whose_q_is_gone_is_not_verified(small_pair):
+    """After a restart the head's q is gone: its sampled drafts are dropped, never verified as
+    one-hot (which would not be exact)."""
+    engine = eagle_engine(small_pair[0], max_len=16)
+    s = SamplingParams(temperature=1.0, seed=5)
+    v = engine.verify([VerifyCall(1, 0, PROMPT, [], None, s, next_k=3)])[0]
+    assert len(v.proposal) == 3 and engine.head.q[1].shape[0] == 3
+    engine.head.q.clear()
+    again = engine.verify([VerifyCall(1, len(PROMPT), v.tokens, v.proposal, None, s, next_k=2,
+                                      drafts_from_head=True)])[0]
+    assert again.num_accepted == 0 and len(again.tokens) == 1 and len(again.proposal) == 2
+
+
+@pytest.fixture(scope="module")
+def head_dir(pair_dir, tmp_path_factory):
+    return trained_head_dir(pair_dir[0], tmp_path_factory.mktemp("head") / "head")
+
+
+@pytest.fixture(scope="module")
+def greedy(pair_dir):
+    return transformers_greedy(pair_dir[0], prompts())
+
+
+def trained_engine(pair_dir, head_dir, **kw):
+    model = load_model(pair_dir[0], torch.float64, CPU)
+    return eagle_engine(pair_dir[0], load_head(head_dir, model, torch.float64, CPU), **kw)
+
+
+@pytest.mark.parametrize("k,auto,proposer", [(1, False, "eagle"), (3, False, "eagle"),
+                                             (6, False, "eagle"), (8, True, "eagle"),
+                                             (4, False, "hybrid"), (8, True, "hybrid")])
+def test_greedy_equals_target_alone(pair_dir, head_dir, greedy, k, auto, proposer):
+    engine = trained_engine(pair_dir, head_dir)
+    rounds = []
+    results = generate(engine, None, [Request(p, MAX_TOKENS, k, auto=auto, proposer=proposer)
+                                      for p in prompts()],
+                       planner=Planner(8) if auto else None, on_round=rounds.append,
+                       ngram=NgramProposer(), head=True)
+    assert [r[0] for r in results] == greedy
+    drafted = sum(r.k for r in rounds if r.proposer == "eagle")
+    accepted = sum(r.accepted for r in rounds if r.proposer == "eagle")
+    assert 0 < accepted < drafted   # the head is neither always right nor always wrong
+    assert sum(len(r[1].accepted_per_round) for r in results) < len(prompts()) * MAX_TOKENS
+    assert engine.pool.active == 0 and not engine.head.q
+
+
+def test_rows_batched_equal_rows_alone_when_sampling(pair_dir, head_dir):
+    engine = trained_engine(pair_dir, head_dir)
+    reqs = [Request(p, 16, 4, SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=i),
+                    proposer="eagle") for i, p in enumerate(prompts(8))]
+    together = [r[0] for r in generate(engine, None, reqs, head=True)]
+    alone = [generate(engine, None, [r], head=True)[0][0] for r in reqs]
+    assert together == alone
+    assert len({tuple(t) for t in together}) == len(reqs)
+
+
+def test_a_failing_head_costs_its_proposals_never_the_output(pair_dir, head_dir, greedy):
+    """Every other head run fails: those rounds go on target-only, the output is exact."""
+    engine = trained_engine(pair_dir, head_dir)
+    calls = iter(range(10**6))
+    engine.head_fault = lambda: RuntimeError("injected") if next(calls) % 2 else None
+    rounds = []
+    results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")
+                                      for p in prompts()], on_round=rounds.append, head=True)
+    assert [r[0] for r in results] == greedy
+    assert sum(r.head_failure == "error" for r in rounds) > 5
+    assert sum(r.accepted for r in rounds) > 0       # the head still drafts between failures
+    assert engine.pool.active == 0
+
+
+def test_cancelled_sequences_release_the_heads_state(pair_dir, head_dir):
+    engine = trained_engine(pair_dir, head_dir)
+    seen = []
+
+    def cancelled():
+        return len(seen) >= 2
+
+    reqs = [Request(p, 40, 4, SamplingParams(temperature=1.0, seed=i), proposer="eagle")
+            for i, p in enumerate(prompts(4))]
+    results = generate(engine, None, reqs, head=True, cancelled=cancelled,
+                       on_round=seen.append)
+    assert all(r[2][-1].finish_reason == "cancelled" for r in results)
+    assert engine.pool.active == 0 and not engine.head.q
