@@ -12,6 +12,9 @@ machine does not land on one setting):
   repeat   prompts that ask for text to be repeated (--repeat-prompts): target-only, the draft
            model, prompt lookup and hybrid (each auto) at 1 and 4 streams
   free     free generation (--prompts-file): the same four settings
+  eagle    the default pair with an EAGLE-3 head beside it (--eagle-head, SPECDEC_EAGLE_HEAD):
+           target-only, the draft model and the head, each auto and K=2,4,6, at 1 stream;
+           target-only, each auto and K=2,4 at 16 streams
 poor, default and capped draft with the draft model only (proposer=draft), so they show the
 policy alone.
 
@@ -53,7 +56,7 @@ OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")
 @dataclass(frozen=True)
 class Setting:
     k: int                     # num_draft_tokens: 0 target-only, AUTO, or fixed
-    proposer: str = "draft"    # draft, ngram or hybrid
+    proposer: str = "draft"    # draft, ngram, eagle or hybrid
 
     @property
     def label(self) -> str:
@@ -102,6 +105,10 @@ def run_setting(server: Server, prompts: list[str], setting: Setting, streams: i
             "acceptance_rate": acceptance_rate(d), "k_per_round": drafted_per_round(d),
             "lookup_share": drafted.get("ngram", 0.0) / total if total else None,
             "rounds": d.get("specdec_rounds_total"),
+            # From the server's counter: 1 a round with the head, 2 with the draft model.
+            "bls_calls_per_round": (d.get("specdec_bls_calls_total", 0.0)
+                                    / d["specdec_rounds_total"]
+                                    if d.get("specdec_rounds_total") else None),
             "rounds_off": (rounds_off := _delta(off, server.by_label(OFF, "reason"))),
             # The histogram holds the rounds that drafted; those that chose 0 are the off rounds.
             "chosen_k": {"0": sum(rounds_off.values()),
@@ -130,6 +137,7 @@ def scenario(name: str, draft: Path, env: dict, plan: list[tuple[Setting, int]],
                "tokens_per_s": sum(tps) / len(tps), "tokens_per_s_runs": tps,
                "acceptance_rate": rs[-1]["acceptance_rate"], "lookup_share": rs[-1]["lookup_share"],
                "k_per_round": sum(r["k_per_round"] or 0 for r in rs) / len(rs),
+               "bls_calls_per_round": rs[-1]["bls_calls_per_round"],
                "chosen_k": _sum_dicts([r["chosen_k"] for r in rs]),
                "rounds_off": _sum_dicts([r["rounds_off"] for r in rs]),
                "same_text_as_target_only": None}
@@ -156,20 +164,22 @@ def markdown(report: dict) -> str:
              f"{report['config']['requests']} requests x {report['config']['max_tokens']} tokens "
              f"per setting and repeat, {report['config']['repeats']} repeats, greedy.", "",
              "| scenario | setting | streams | tok/s | vs target-only | runs | accept | "
-             "k/round | lookup | chosen k (rounds) | off: acceptance / down / cap / no match "
-             "| same text |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---|---|---|"]
+             "k/round | lookup | BLS calls/round | chosen k (rounds) | off: acceptance / down / "
+             "cap / no match | same text |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|---|---|"]
     for r in report["rows"]:
         dist = " ".join(f"{k}:{int(n)}" for k, n in sorted(r["chosen_k"].items(),
                                                           key=lambda kv: int(kv[0])) if n)
         off = r["rounds_off"]
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         share = "-" if r["lookup_share"] is None else f"{r['lookup_share']:.0%}"
+        calls = "-" if r.get("bls_calls_per_round") is None else \
+            f"{r['bls_calls_per_round']:.2f}"
         lines.append(
             f"| {r['scenario']} | {r['setting']} | {r['streams']} | {r['tokens_per_s']:.1f} | "
             f"{r.get('vs_target_only', 0):.2f} | "
             f"{' / '.join(f'{x:.0f}' for x in r['tokens_per_s_runs'])} | {acc} | "
-            f"{r['k_per_round']:.2f} | {share} | {dist or '-'} | "
+            f"{r['k_per_round']:.2f} | {share} | {calls} | {dist or '-'} | "
             f"{' / '.join(str(int(off.get(x, 0))) for x in OFF_REASONS)}"
             f" | {r['same_text_as_target_only']} |")
     return "\n".join(lines) + "\n"
@@ -186,6 +196,15 @@ def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, i
             (TARGET_ONLY, 16), (Setting(AUTO), 16)]
     elif name == "capped":
         env, plan = OLD_LOAD_POLICY, [(Setting(4), 16), (Setting(8), 16)]
+    elif name == "eagle":
+        if not (args.eagle_head / "config.json").is_file():
+            raise SystemExit(f"--eagle-head {args.eagle_head}: no head there (make one with "
+                             f"specdec distill --method eagle3)")
+        env = {"SPECDEC_EAGLE_HEAD": str(args.eagle_head)}
+        plan = [(TARGET_ONLY, 1)] + [(Setting(k, p), 1) for p in ("draft", "eagle")
+                                     for k in (AUTO, 2, 4, 6)]
+        plan += [(TARGET_ONLY, 16)] + [(Setting(k, p), 16) for p in ("draft", "eagle")
+                                       for k in (AUTO, 2, 4)]
     elif name in ("repeat", "free"):
         plan = [(s, n) for n in (1, 4) for s in PROPOSERS]
         prompts = args.repeat_prompts if name == "repeat" else args.prompts_file
@@ -199,6 +218,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    ap.add_argument("--eagle-head", type=Path, default=DEFAULT_TARGET.parent / "eagle",
+                    help="the eagle scenario's head (default: the shipped one)")
     ap.add_argument("--scenarios", default="poor,default,capped,repeat,free")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--repeat-prompts", type=Path, default=REPEATING)

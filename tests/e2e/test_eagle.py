@@ -12,7 +12,6 @@ from specdec.loop import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process
 from tests.core.distill_helpers import DEFAULT_TARGET
-from tests.core.eagle_helpers import trained_head_dir
 from tests.e2e.conftest import heldout_prompts, launch, wait_for
 
 PROMPTS = heldout_prompts(2)
@@ -20,8 +19,9 @@ FAULTS = 3   # the head's first runs fail
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    return trained_head_dir(DEFAULT_TARGET, tmp_path_factory.mktemp("eagle") / "head")
+def head():
+    """The shipped head: `specdec distill --method eagle3` on the default target, defaults."""
+    return DEFAULT_TARGET.parent / "eagle"
 
 
 @pytest.fixture(scope="module")
