@@ -2,10 +2,13 @@
 
     specdec distill --target DIR --out DIR [--prompts FILE] [--corpus PATH]
                     [--layers N | --draft-config FILE] [--steps N] [--device auto|cpu|cuda]
+    specdec distill --method eagle3 --target DIR --out DIR [--draft-vocab N] [--ttt-steps N]
+                    [--aux-layers A,B,C] ...
 
 Stages, each resumable: checks, data (saved to OUT/.distill/data.pt), training (checkpoints in
-OUT/.distill/step-N), then the draft is written to OUT as a Hugging Face directory with
-distill_report.json, and OUT/.distill is removed.
+OUT/.distill/step-N), then the draft is written to OUT as a Hugging Face directory (an EAGLE-3
+head: in the speculators format, eagle3_run.py) with distill_report.json, and OUT/.distill is
+removed.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 
 from ..config import CheckpointError, ModelArgs
 from ..engine import Engine, default_dtype
-from . import checks, data, draft, measure, report, train
+from . import checks, data, draft, eagle3_run, measure, report, train
 from .checks import WORK, DistillError
 
 GEN_BATCH = 64          # sequences the target continues at once
@@ -32,6 +35,9 @@ NOT_RECIPE = {"out", "steps", "checkpoint_every", "device", "threads", "overwrit
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", type=Path, required=True, help="the target's checkpoint directory")
     ap.add_argument("--out", type=Path, required=True, help="the draft's directory (new or empty)")
+    ap.add_argument("--method", choices=("draft", "eagle3"), default="draft",
+                    help="draft: a small model of the target's layers (default); eagle3: an "
+                    "EAGLE-3 head drafting from the target's hidden states")
     g = ap.add_argument_group("data (default: the target's own samples)")
     g.add_argument("--prompts", type=Path, help="prompts the target continues: JSON lines with "
                    "a 'prompt' field, or one per line; chat-templated for chat models")
@@ -58,6 +64,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    "from the target's) for a draft trained from scratch on the target's vocabulary")
     g.add_argument("--train-embeddings", action="store_true", help="train the copied "
                    "embeddings and LM head too (default: frozen, the target's)")
+    g = ap.add_argument_group("EAGLE-3 head (--method eagle3)")
+    g.add_argument("--draft-vocab", type=int, help="the head's vocabulary: the most frequent "
+                   "target ids in the data (default: the target's, at most 32000)")
+    g.add_argument("--ttt-steps", type=int, help="training-time test steps unrolled (3)")
+    g.add_argument("--aux-layers", help="three target layers whose outputs the head fuses, "
+                   "0-based, e.g. 1,15,28 (default: EAGLE-3's 1, L/2-1, L-4; spread for L < 7)")
     g = ap.add_argument_group("training")
     g.add_argument("--steps", type=int, default=1000, help="optimizer steps (1000)")
     g.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
@@ -112,7 +124,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t_args, t_cfg = checks.target(args.target)
-    if args.draft_config:
+    eagle3_run.check_options(args, t_args)
+    if args.method == "eagle3":
+        cfg, idx, init, d_args = None, None, f"EAGLE-3 head, aux layers {args.aux_layers}", None
+    elif args.draft_config:
         cfg, idx = draft.user_config(t_cfg, args.target, args.draft_config), None
         init = f"from scratch, config {args.draft_config}"
     else:
@@ -122,7 +137,8 @@ def _run(args: argparse.Namespace) -> int:
         idx = draft.layer_indices(t_args.num_layers, n)
         cfg = draft.layer_copy_config(t_cfg, idx)
         init = f"target layers {idx} of {t_args.num_layers}"
-    d_args = ModelArgs.from_dict(cfg)
+    if cfg is not None:
+        d_args = ModelArgs.from_dict(cfg)
     if args.lr is None:
         args.lr = min(3e-3, 0.5 / d_args.hidden_size)
     max_len = args.seq_len + args.eval_tokens + args.max_k + 1
@@ -131,8 +147,11 @@ def _run(args: argparse.Namespace) -> int:
     slots = max(2 * args.batch, GEN_BATCH, args.eval_prompts)
     freeze = idx is not None and not args.train_embeddings
     dtype = default_dtype(device)
-    parts = checks.memory_needed(t_args, d_args, not freeze, args.batch, args.seq_len, slots,
-                                 max_len, dtype, train.chunk_tokens(t_args.vocab_size))
+    if args.method == "eagle3":
+        parts = eagle3_run.memory_needed(t_args, args, slots, max_len, dtype)
+    else:
+        parts = checks.memory_needed(t_args, d_args, not freeze, args.batch, args.seq_len,
+                                     slots, max_len, dtype, train.chunk_tokens(t_args.vocab_size))
     checks.memory(parts, device, args.batch, args.seq_len)
     print(f"{init}; about {sum(parts.values()) / 2**30:.1f} GiB on {device} ("
           + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in parts.items()) + ")", file=sys.stderr)
@@ -153,6 +172,9 @@ def _run(args: argparse.Namespace) -> int:
         bar.set_description("target continues held-out prompts")
         ds.continuations = measure.continuations(target, ds.heldout, args.eval_tokens)
         ds.save(work / "data.pt")
+    if args.method == "eagle3":
+        return eagle3_run.run(args, t_args, t_cfg, target, ds, work, bar, device, max_len,
+                              started)
 
     model = draft.build(cfg, args.target, idx, args.seed).to(device)
     if freeze:
@@ -176,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
     bar.reset(args.steps)
     bar.update(done)
     bar.set_description("distill")
-    bar.set_postfix(a4=_a4(history))
+    bar.set_postfix(a4=report.latest_a4(history))
     losses, clock = [], time.time()
     try:
         while done < args.steps:
@@ -186,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
                 model, target, tokens, lengths, train.chunk_tokens(t_args.vocab_size)), lr))
             done += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=_a4(history))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=report.latest_a4(history))
             train.fault(done)
             if done % args.checkpoint_every == 0 or done == args.steps:
                 history.append(_entry(done, losses, clock))
@@ -194,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
                 train.save_checkpoint(work, done, model, opt, history)
                 if done < args.steps:   # the last one is measured below, with c
                     history[-1]["acceptance"] = evaluate(work / "eval", timed=False)
-                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=_a4(history))
+                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=report.latest_a4(history))
     except KeyboardInterrupt:
         if losses:   # steps since the last checkpoint: keep them
             history.append({**_entry(done, losses, clock), "interrupted": True})
@@ -247,8 +269,8 @@ def _recipe(args, work: Path, resume: bool) -> None:
     file = work / "run.json"
     if resume:
         old = json.loads(file.read_text())
-        changed = [f"--{k.replace('_', '-')} {old.get(k)} -> {v}" for k, v in recipe.items()
-                   if old.get(k) != v]
+        changed = [f"--{k.replace('_', '-')} {old[k]} -> {v}" for k, v in recipe.items()
+                   if k in old and old[k] != v]   # options added since that run: not in old
         if changed:
             raise DistillError(f"{file}: the interrupted run used other options ("
                                f"{'; '.join(changed)}): rerun with the same ones to resume, "
@@ -262,12 +284,3 @@ def _recipe(args, work: Path, resume: bool) -> None:
 def _entry(done: int, losses: list[float], clock: float) -> dict:
     return {"step": done, "loss": round(sum(losses) / len(losses), 4),
             "seconds": round(time.time() - clock, 1), "acceptance": None}
-
-
-def _a4(history: list) -> str:
-    """The latest measured acceptance rate at K=4 (or the largest K measured)."""
-    acc = next((e["acceptance"] for e in reversed(history) if e["acceptance"]), None)
-    if not acc:
-        return "-"
-    row = acc["per_k"].get(4) or acc["per_k"][max(acc["per_k"])]
-    return f"{row['a']:.3f}"

@@ -55,6 +55,33 @@ def match_runs(draft: Engine, prompts: list[list[int]], conts: list[list[int]],
     return runs
 
 
+def head_runs(engine: Engine, prompts: list[list[int]], conts: list[list[int]],
+              max_k: int) -> list[list[int]]:
+    """match_runs for an EAGLE-3 head served by `engine` (Engine(..., head=head)): the head
+    drafts inside the target's verification, so the committed tokens go through verify one at a
+    time (all prompts batched), each call asking the head for max_k tokens after the target's
+    own next token, as the served loop's next_k does. At temperature 0 the head's proposal is a
+    function of the committed prefix alone, so these are the loop's proposals at every K."""
+    n = len(conts[0])
+    runs = [[0] * n for _ in prompts]
+    for i in range(1, n):
+        calls = [VerifyCall(p, 0, prompt, [], None, GREEDY, max_k) if i == 1 else
+                 VerifyCall(p, len(prompt) + i - 2, [c[i - 2]], [], None, GREEDY, max_k)
+                 for p, (prompt, c) in enumerate(zip(prompts, conts))]
+        for p, verdict in enumerate(engine.verify(calls)):
+            if isinstance(verdict, Exception):
+                raise verdict
+            if verdict.tokens != [conts[p][i - 1]] or verdict.failure:
+                raise RuntimeError(f"prompt {p}, token {i - 1}: the target's verification "
+                                   f"{verdict.tokens} ({verdict.failure or 'no failure'}) is "
+                                   f"not its greedy continuation's {conts[p][i - 1]}")
+            ahead = conts[p][i:i + max_k]
+            runs[p][i] = next((j for j, (a, b) in enumerate(zip(verdict.proposal or [], ahead))
+                               if a != b), min(len(ahead), len(verdict.proposal or [])))
+    engine.release(list(range(len(prompts))))
+    return runs
+
+
 def replay(runs: list[int], k: int) -> dict:
     """specdec.loop's rounds at K=k over one continuation of len(runs) tokens (max_tokens = its
     length): a first round of the target alone, then rounds drafting min(k, left - 1) tokens."""
@@ -90,6 +117,7 @@ def acceptance(runs: list[list[int]], max_k: int) -> dict:
                                    for a, d in zip(top["accepted_at"], top["drafted_at"])],
         "per_k": {k: {"a": round(t["accepted"] / max(t["drafted"], 1), 4),
                       "tokens_per_round": round(t["tokens"] / t["rounds"], 3),
+                      "accepted_per_round": round(t["accepted"] / t["rounds"], 3),
                       "rounds": t["rounds"], "drafted": t["drafted"], "tokens": t["tokens"]}
                   for k, t in per_k.items()},
     }
@@ -114,6 +142,25 @@ def cost_ratio(target: Engine, draft: Engine, prompt: list[int], k: int = 4,
             d_times.append((t2 - t1) / k)
     target.release([0])
     draft.release([0])
+    return statistics.median(d_times) / statistics.median(t_times)
+
+
+def head_cost_ratio(engine: Engine, prompt: list[int], k: int = 4, repeats: int = 20) -> float:
+    """c for an EAGLE-3 head: the head's seconds per drafted token inside a verification
+    (its catch-up included, Verdict.draft_s) over the target's time for one token, one sequence
+    at a time, medians of alternating calls."""
+    n = len(prompt)
+    engine.verify([VerifyCall(0, 0, prompt, [], None, GREEDY, k)])
+    t_times, d_times = [], []
+    for r in range(repeats + 3):   # the first three warm up
+        t0 = time.perf_counter()
+        engine.verify([VerifyCall(0, n - 1, prompt[-1:], [], None, GREEDY)])
+        t1 = time.perf_counter()
+        verdict = engine.verify([VerifyCall(0, n - 1, prompt[-1:], [], None, GREEDY, k)])[0]
+        if r >= 3:
+            t_times.append(t1 - t0)
+            d_times.append(verdict.draft_s / k)
+    engine.release([0])
     return statistics.median(d_times) / statistics.median(t_times)
 
 

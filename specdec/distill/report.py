@@ -48,6 +48,7 @@ def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: in
     best = final["best_k"]
     losses = [h["loss"] for h in history if h.get("loss") is not None]
     return {
+        "method": "draft",
         "command": command(args),
         "date": datetime.date.today().isoformat(),
         "machine": machine(device),
@@ -68,6 +69,55 @@ def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: in
                     "max_k": args.max_k, **final},
         "history": history,
     }
+
+
+def build_eagle3(*, args, target: ModelArgs, aux: tuple[int, ...], used: torch.Tensor,
+                 coverage: float, trainable: int, device: torch.device, sources: dict,
+                 history: list, final: dict, seconds: float) -> dict:
+    """The draft's report with the head in place of the draft: its aux layers, draft
+    vocabulary (coverage: the share of training tokens in it), TTT steps and the loss at each
+    of them."""
+    per_k, best = final["per_k"], final["best_k"]
+    trained = [h for h in history if h.get("loss") is not None]
+    k4 = per_k.get(4)
+    return {
+        "method": "eagle3",
+        "command": command(args),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(device),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "device": str(device),
+        "target": {"path": str(args.target), **model_summary(target)},
+        "head": {"format": "speculators", "aux_layers": list(aux),
+                 "draft_vocab_size": len(used), "hidden_size": target.hidden_size,
+                 "trainable_parameters": trainable,
+                 "draft_vocab_coverage": round(coverage, 4)},
+        "data": sources,
+        "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+                     "lr": args.lr, "ttt_steps": args.ttt_steps, "seconds": round(seconds),
+                     "final_loss": trained[-1]["loss"] if trained else None,
+                     "final_loss_by_ttt_step":
+                         trained[-1]["loss_by_ttt_step"] if trained else None},
+        "summary": {"a_k4": k4["a"] if k4 else None,
+                    "accepted_per_round_k4": k4["accepted_per_round"] if k4 else None,
+                    "tokens_per_round_k4": k4["tokens_per_round"] if k4 else None,
+                    "predicted_speedup_k4": k4["predicted_speedup"] if k4 else None,
+                    "best_k": best, "a_best_k": per_k[best]["a"],
+                    "predicted_speedup_best_k": per_k[best]["predicted_speedup"],
+                    "c": final["c"]},
+        "heldout": {"prompts": sources["heldout_prompts"], "tokens_per_prompt": args.eval_tokens,
+                    "max_k": args.max_k, **final},
+        "history": history,
+    }
+
+
+def latest_a4(history: list) -> str:
+    """The latest measured acceptance rate at K=4 (or the largest K measured)."""
+    acc = next((e["acceptance"] for e in reversed(history) if e["acceptance"]), None)
+    if not acc:
+        return "-"
+    row = acc["per_k"].get(4) or acc["per_k"][max(acc["per_k"])]
+    return f"{row['a']:.3f}"
 
 
 def summary(report: dict) -> str:
