@@ -71,11 +71,10 @@ class HeadDrafter:
         consecutive = slots == list(range(slots[0], slots[0] + b))
         drafted, probs = [], []
         for j in range(k_max):
-            logits = head.target_logits(h, self.vocab_size)                           # [B, 1, V]
-            if s.all_greedy:
-                d = logits.argmax(-1)                                                 # [B, 1]
+            if s.all_greedy:   # the argmax over the draft vocabulary, as a target id
+                d = head.target_ids(head.logits(h).argmax(-1))                        # [B, 1]
             else:
-                p = probabilities(logits, s)
+                p = probabilities(head.target_logits(h, self.vocab_size), s)         # [B, 1, V]
                 d = sample(p, s, first + 1 + j, DRAFT)      # d_{j+1} sits at position N + j + 1
                 probs.append(p)
             drafted.append(d)
