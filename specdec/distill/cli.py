@@ -13,6 +13,8 @@ removed.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import shutil
 import signal
@@ -93,6 +95,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _keep_freed_memory()
     # A plain `kill` (or a scheduler's preemption) stops the run as Ctrl-C does: saving.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -110,6 +113,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _keep_freed_memory() -> None:
+    """glibc hands every large freed block back to the kernel (mmap), so each training step
+    faulted its big tensors in afresh: on the CPU a third of the run's time went to the kernel
+    (0.75 of 2.8 CPU seconds per default eagle3 step, 500k page faults). Keep them for reuse."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-4, 0)            # M_MMAP_MAX: no block of its own for large allocations
+        libc.mallopt(-1, 2**31 - 1)    # M_TRIM_THRESHOLD: never shrink the heap
+    except (OSError, AttributeError, TypeError):   # not glibc: nothing to tune
+        pass
 
 
 def _run(args: argparse.Namespace) -> int:

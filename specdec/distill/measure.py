@@ -10,6 +10,7 @@ The speedup is predicted with Leviathan et al. 2023's cost model, one target pas
 c per drafted token, on the measured rounds: S = tokens / (rounds + c * drafted).
 
     python -m specdec.distill.measure --target DIR --draft DIR --prompts FILE [--tokens 64]
+    python -m specdec.distill.measure --target DIR --head DIR --prompts FILE   # an EAGLE-3 head
 """
 from __future__ import annotations
 
@@ -192,9 +193,12 @@ def load_pair(target: Path, draft: Path, slots: int, max_len: int, device: torch
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Held-out acceptance by position, c and the "
-                                             "predicted speedup of a draft for a target.")
+                                             "predicted speedup of a draft (or an EAGLE-3 "
+                                             "head) for a target.")
     ap.add_argument("--target", type=Path, required=True)
-    ap.add_argument("--draft", type=Path, required=True)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--draft", type=Path, help="a draft model's directory")
+    which.add_argument("--head", type=Path, help="an EAGLE-3 head's directory (either format)")
     ap.add_argument("--prompts", type=Path, required=True, help="JSON lines or one per line")
     ap.add_argument("--tokens", type=int, default=64, help="target tokens per prompt")
     ap.add_argument("--max-k", type=int, default=8)
@@ -207,10 +211,17 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
     prompts = encode_prompts(tokenizer, load_prompts(args.prompts), chat=False)
     max_len = max(map(len, prompts)) + args.tokens + args.max_k + 1
-    target, draft = load_pair(args.target, args.draft, len(prompts), max_len,
-                              torch.device(args.device))
-    result = measure(target, draft, prompts, continuations(target, prompts, args.tokens),
-                     args.max_k, timed=True)
+    device = torch.device(args.device)
+    if args.head:
+        target = Engine.load(str(args.target), len(prompts), max_len, default_dtype(device),
+                             device, cuda_graphs=False, head_path=str(args.head))
+        conts = continuations(target, prompts, args.tokens)
+        acc = acceptance(head_runs(target, prompts, conts, args.max_k), args.max_k)
+        result = predict(acc, head_cost_ratio(target, prompts[0]))
+    else:
+        target, draft = load_pair(args.target, args.draft, len(prompts), max_len, device)
+        result = measure(target, draft, prompts, continuations(target, prompts, args.tokens),
+                         args.max_k, timed=True)
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0
