@@ -80,13 +80,17 @@ class Engine:
         self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                              self.dtype, device)
         model.flash = attention.choose(attention_kind, device, self.dtype)
+        # A draft serving another model's vocabulary drafts only ids the target has, and is fed
+        # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.
+        self.vocab_size = min(vocab_size or a.vocab_size, a.vocab_size)
+        self.accepts_ids_below = max(vocab_size or a.vocab_size, a.vocab_size)
         self.head = None
         self.head_fault = None   # tests: () -> an exception the head raises, or None
-        if head is not None:
+        if head is not None:   # before any CUDA graph: capture changes forward's output
             model.capture = head.args.aux_layers
             head.flash = model.flash
             self.head = HeadDrafter(head, max_sequences, max_len, self.dtype, device,
-                                    min(vocab_size or a.vocab_size, a.vocab_size))
+                                    self.vocab_size)
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda"
         if cuda_graphs and device.type != "cuda":
@@ -96,10 +100,6 @@ class Engine:
             self.graphs = GraphedForward(model, self.cache, max_sequences)
             self.graphs.warm_up()
         self.pool = SlotPool(max_sequences)
-        # A draft serving another model's vocabulary drafts only ids the target has, and is fed
-        # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.
-        self.vocab_size = min(vocab_size or a.vocab_size, a.vocab_size)
-        self.accepts_ids_below = max(vocab_size or a.vocab_size, a.vocab_size)
 
     @classmethod
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,

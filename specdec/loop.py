@@ -142,14 +142,6 @@ class Round:
     head_failure: str | None = None  # the head failed in this verification: no proposal next
 
 
-class _Head:
-    """The head among the drafters: its proposals come with the verdicts, and the verifier's
-    release frees its state."""
-
-    async def release(self, seq_id: int) -> None:
-        pass
-
-
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
                     max_len: int, emit: Callable[[Chunk], Awaitable[None] | None],
                     cancelled: Callable[[], bool] = lambda: False,
@@ -166,7 +158,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
-    drafters = {DRAFT: drafter, NGRAM: ngram, EAGLE: _Head() if head else None}
+    # The head drafts inside the verifier's calls, whose release frees its state too.
+    drafters = {DRAFT: drafter, NGRAM: ngram, EAGLE: verifier if head else None}
     allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
     if req.proposer == HYBRID:
         allowed = tuple(p for p in allowed if drafters[p] is not None)

@@ -42,32 +42,47 @@ def model_summary(a: ModelArgs, trainable: int | None = None) -> dict:
     return out
 
 
-def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: int,
-          device: torch.device, sources: dict, history: list, final: dict, seconds: float) -> dict:
-    per_k = final["per_k"]
-    best = final["best_k"]
-    losses = [h["loss"] for h in history if h.get("loss") is not None]
-    return {
-        "method": "draft",
+def _common(args, target: ModelArgs, device: torch.device, sources: dict, history: list,
+            final: dict) -> tuple[dict, dict, dict]:
+    """What every method's report holds: (the run's header, the summary's shared figures, the
+    held-out section and history), to be merged around the method's own sections."""
+    per_k, best = final["per_k"], final["best_k"]
+    header = {
         "command": command(args),
         "date": datetime.date.today().isoformat(),
         "machine": machine(device),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "device": str(device),
         "target": {"path": str(args.target), **model_summary(target)},
+    }
+    best_figures = {"best_k": best, "a_best_k": per_k[best]["a"],
+                    "predicted_speedup_best_k": per_k[best]["predicted_speedup"],
+                    "c": final["c"]}
+    tail = {"heldout": {"prompts": sources["heldout_prompts"],
+                        "tokens_per_prompt": args.eval_tokens, "max_k": args.max_k, **final},
+            "history": history}
+    return header, best_figures, tail
+
+
+def _training(args, seconds: float) -> dict:
+    return {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
+            "seconds": round(seconds)}
+
+
+def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: int,
+          device: torch.device, sources: dict, history: list, final: dict, seconds: float) -> dict:
+    per_k = final["per_k"]
+    losses = [h["loss"] for h in history if h.get("loss") is not None]
+    header, best, tail = _common(args, target, device, sources, history, final)
+    return {
+        "method": "draft", **header,
         "draft": {"init": init, **model_summary(draft, trainable)},
         "data": sources,
-        "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
-                     "lr": args.lr, "seconds": round(seconds),
-                     "final_loss": losses[-1] if losses else None},
+        "training": {**_training(args, seconds), "final_loss": losses[-1] if losses else None},
         "summary": {"a_k4": per_k[4]["a"] if 4 in per_k else None,
                     "predicted_speedup_k4": per_k[4]["predicted_speedup"] if 4 in per_k else None,
-                    "best_k": best, "a_best_k": per_k[best]["a"],
-                    "predicted_speedup_best_k": per_k[best]["predicted_speedup"],
-                    "c": final["c"]},
-        "heldout": {"prompts": sources["heldout_prompts"], "tokens_per_prompt": args.eval_tokens,
-                    "max_k": args.max_k, **final},
-        "history": history,
+                    **best},
+        **tail,
     }
 
 
@@ -77,24 +92,17 @@ def build_eagle3(*, args, target: ModelArgs, aux: tuple[int, ...], used: torch.T
     """The draft's report with the head in place of the draft: its aux layers, draft
     vocabulary (coverage: the share of training tokens in it), TTT steps and the loss at each
     of them."""
-    per_k, best = final["per_k"], final["best_k"]
     trained = [h for h in history if h.get("loss") is not None]
-    k4 = per_k.get(4)
+    k4 = final["per_k"].get(4)
+    header, best, tail = _common(args, target, device, sources, history, final)
     return {
-        "method": "eagle3",
-        "command": command(args),
-        "date": datetime.date.today().isoformat(),
-        "machine": machine(device),
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
-        "device": str(device),
-        "target": {"path": str(args.target), **model_summary(target)},
+        "method": "eagle3", **header,
         "head": {"format": "speculators", "aux_layers": list(aux),
                  "draft_vocab_size": len(used), "hidden_size": target.hidden_size,
                  "trainable_parameters": trainable,
                  "draft_vocab_coverage": round(coverage, 4)},
         "data": sources,
-        "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
-                     "lr": args.lr, "ttt_steps": args.ttt_steps, "seconds": round(seconds),
+        "training": {**_training(args, seconds), "ttt_steps": args.ttt_steps,
                      "final_loss": trained[-1]["loss"] if trained else None,
                      "final_loss_by_ttt_step":
                          trained[-1]["loss_by_ttt_step"] if trained else None},
@@ -102,12 +110,8 @@ def build_eagle3(*, args, target: ModelArgs, aux: tuple[int, ...], used: torch.T
                     "accepted_per_round_k4": k4["accepted_per_round"] if k4 else None,
                     "tokens_per_round_k4": k4["tokens_per_round"] if k4 else None,
                     "predicted_speedup_k4": k4["predicted_speedup"] if k4 else None,
-                    "best_k": best, "a_best_k": per_k[best]["a"],
-                    "predicted_speedup_best_k": per_k[best]["predicted_speedup"],
-                    "c": final["c"]},
-        "heldout": {"prompts": sources["heldout_prompts"], "tokens_per_prompt": args.eval_tokens,
-                    "max_k": args.max_k, **final},
-        "history": history,
+                    **best},
+        **tail,
     }
 
 

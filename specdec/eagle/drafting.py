@@ -55,7 +55,8 @@ class HeadDrafter:
         """
         head, dev = self.head, self.device
         b = len(seq_ids)
-        last = torch.tensor(ends, device=dev) - torch.tensor(starts, device=dev) - 1   # [B]
+        ends_t = torch.tensor(ends, device=dev)                                        # [B]
+        last = ends_t - torch.tensor(starts, device=dev) - 1                           # [B]
         # Pair tokens: one position ahead of the features, x_b at the last committed position.
         ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
         batch = Batch.build(ahead, starts, slots, self.cache, dev, lengths)
@@ -64,7 +65,7 @@ class HeadDrafter:
         k_max = max(ks)
         if k_max == 0:
             return [[] for _ in range(b)]
-        first = torch.tensor(ends, device=dev)[:, None]        # [B, 1] position of the step input
+        first = ends_t[:, None]                                # [B, 1] position of the step input
         ks_t = torch.tensor(ks, device=dev)[:, None]
         slots_t = torch.tensor(slots, device=dev)[:, None]
         no_row = torch.zeros(b, dtype=torch.int64, device=dev)

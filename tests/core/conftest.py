@@ -18,6 +18,15 @@ def pair_dir(tmp_path_factory):
     return target, make_draft(target, root / "draft", noise=0.5)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests, the previous count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def small_pair(tmp_path_factory):
     """A 5-token vocabulary: every short continuation's probability can be enumerated."""

@@ -25,12 +25,8 @@ CPU = torch.device("cpu")
 EAGLE3 = ("--method", "eagle3", "--ttt-steps", "2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Shapes this small gain nothing from a second thread, which a busy machine schedules late.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,8 @@ from tests.core.distill_helpers import DEFAULT_TARGET
 TOKENS = 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Shapes this small gain nothing from a second thread, which a busy machine schedules late."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Shapes this small gain nothing from a second thread, which a busy machine schedules late.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
