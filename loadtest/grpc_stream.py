@@ -71,9 +71,11 @@ class GrpcStreamer:
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         cancel = True   # until the request ends or fails on its own
-        self.client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                                 headers=self._headers)
         try:
+            # Inside the try: a stop that lands while the stream starts still closes it.
+            self.client.start_stream(
+                callback=lambda result, error: responses.put((result, error)),
+                headers=self._headers)
             self.client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
                                            enable_empty_final_response=True)
             while True:

@@ -25,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import os
 import random
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit
 # gRPC's C core must yield to gevent (locust has monkey-patched the standard library by now)
 # or one user's blocking stream read would stall every other user.
 import gevent
+import gevent.monkey
 import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 
@@ -111,6 +114,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--cancel-ratio", type=float, default=0.0,
                    help="fraction of requests the client cancels mid-stream, after 1 to 4 "
                         "pieces (a success named '... cancelled'). Default 0")
+    g.add_argument("--exit-watchdog", type=float, default=30.0,
+                   help="seconds locust may take to exit after writing its results before it "
+                        "prints what it waits on and leaves with its exit code. Default 30")
     g.add_argument("--allow-remote", action="store_true", default=False,
                    help="allow a non-loopback --host/--grpc-host (refused by default)")
 
@@ -148,8 +154,43 @@ def _grpc_address(http_url: str, grpc_host: str) -> str:
     return f"{host}:{(parts.port or 80) + 1}"
 
 
+def _print_run_info() -> None:
+    """SIGUSR1: every greenlet's and thread's stack on stderr (what a hung run waits on)."""
+    import gevent.util
+    gevent.util.print_run_info(file=sys.stderr)
+    sys.stderr.flush()
+
+
+# After locust has written its results it must exit: a teardown that hangs (gRPC's core under
+# gevent, a client thread that never ends) would turn a finished run into a failed one.
+@events.quit.add_listener
+def _bounded_exit(exit_code: int, **_kwargs) -> None:
+    """Fired once the statistics are printed, just before locust's sys.exit: an OS thread (not a
+    greenlet: the hub may be the thing stuck) that, if the process still lives --exit-watchdog
+    seconds later, prints what it waits on and leaves with locust's own exit code."""
+    limit_s = STATE.get("exit_watchdog", 30.0)
+    real_sleep = gevent.monkey.get_original("time", "sleep")
+
+    start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
+
+    def leave(after_s: float) -> None:
+        real_sleep(after_s)
+        os._exit(exit_code)
+
+    def watchdog() -> None:
+        real_sleep(limit_s)
+        print(f"loadtest: locust had not exited {limit_s:g} s after writing its "
+              f"results; leaving with its exit code {exit_code}. Still running:",
+              file=sys.stderr, flush=True)
+        start_thread(leave, (5.0,))   # even if printing the stacks blocks
+        _print_run_info()
+        leave(0.0)
+    start_thread(watchdog, ())
+
+
 @events.init.add_listener
 def on_init(environment, **_kwargs) -> None:
+    gevent.signal_handler(signal.SIGUSR1, _print_run_info)
     opts = environment.parsed_options
     if opts is None:  # locust used as a library without our options
         return
@@ -190,7 +231,7 @@ def on_init(environment, **_kwargs) -> None:
 
     STATE.update(mix=mix, grpc=grpc_addr, timeout=opts.request_timeout, think=opts.think_time,
                  backoff=opts.failure_backoff, openai=openai_url, openai_api=opts.openai_api,
-                 openai_model=opts.openai_model or None)
+                 openai_model=opts.openai_model or None, exit_watchdog=opts.exit_watchdog)
     log.info("load test: HTTP %s, gRPC %s, OpenAI %s, K %s, max_tokens %d, sampled ratio %.2f, "
              "%d prompts, users %s", host, grpc_addr, openai_url, draft_tokens, opts.max_tokens,
              opts.sampled_ratio, len(prompts), [u.__name__ for u in kept])

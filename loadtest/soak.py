@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -148,6 +149,8 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
         try:
             exit_code = locust.wait(timeout=duration_s + 120)
         except subprocess.TimeoutExpired:   # a problem of its own, reported below
+            locust.send_signal(signal.SIGUSR1)   # the locustfile prints where it waits
+            time.sleep(5)
             locust.kill()
             exit_code = f"did not stop within {duration_s + 120} s"
     deadline = time.monotonic() + 60   # cancelled and last streams drain
@@ -165,6 +168,9 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
               "duration_s": duration_s, "users": users, "max_tokens": max_tokens,
               "interval_s": interval_s, "locust_exit": exit_code,
+              # the locustfile's exit watchdog ended a client teardown that hung (its stacks
+              # are in soak_locust.log): the load generator's trouble, not the server's
+              "locust_exit_forced": "had not exited" in log.read_text(errors="replace"),
               **request_counts(out), "leaked_slots": leaked,
               "active_sequences_after": metric(metrics, "specdec_active_sequences"),
               "model_restarts": {m: metric(metrics, "specdec_model_restarts_total", model=m) - n
@@ -198,7 +204,9 @@ def markdown(r: dict) -> str:
     lines = [f"Soak {r['started']}: {r['duration_s']} s, {r['users']} users, max_tokens "
              f"{r['max_tokens']}: {r['requests']} requests ({r['cancelled']} cancelled by their "
              f"client), {r['failures']} unexpected failures, slots leaked "
-             f"{r['leaked_slots']}", "",
+             f"{r['leaked_slots']}"
+             + (" (locust's exit hung and was ended by its watchdog)"
+                if r.get("locust_exit_forced") else ""), "",
              "| process | samples | first MiB | last MiB | slope MiB/min (after warm-up) |",
              "|---|---|---|---|---|"]
     for name, m in r["memory"].items():

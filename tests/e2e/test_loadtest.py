@@ -102,6 +102,43 @@ def test_server_errors_are_failures_and_fail_the_run(server, tmp_path):
     assert "max_tokens" in errors and "request id" not in errors
 
 
+HANGING_TEARDOWN = """
+import sys, threading
+sys.path.insert(0, {root!r})
+from locust import events
+from loadtest.locustfile import *  # noqa: F403: the load test's users and listeners
+
+
+def never_ends():
+    threading.Event().wait()
+
+
+@events.quit.add_listener
+def start_a_thread_exit_waits_for(**_kwargs):
+    threading.Thread(target=never_ends, name="never-ends").start()
+"""
+
+
+@needs_locust
+def test_a_hanging_teardown_ends_within_the_exit_watchdog_with_the_runs_exit_code(server,
+                                                                                  tmp_path):
+    # A non-daemon thread that never ends, started as locust exits: without the watchdog the
+    # interpreter would wait for it forever (as gRPC's teardown under gevent once did in CI).
+    locustfile = tmp_path / "hanging_locustfile.py"
+    locustfile.write_text(HANGING_TEARDOWN.format(root=str(ROOT)))
+    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", "2",
+           "-r", "2", "-t", "2s", "--host", f"http://{server.http}", "--grpc-host", server.grpc,
+           "--max-tokens", "100000", "--only-summary", "--exit-watchdog", "2"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    wall = time.monotonic() - t0
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log[-6000:]   # the run's failed requests, not the watchdog's
+    assert "had not exited 2 s after writing its results" in log, log[-6000:]
+    assert "never_ends" in log, log[-6000:]   # the dump names what the exit waited on
+    assert wall < 30, wall
+
+
 @needs_locust
 def test_streaming_chat_over_the_openai_endpoint(server, tmp_path, tmp_path_factory):
     """The OpenAI user alone, through a gateway with a chat template on the session's server:

@@ -20,7 +20,7 @@ def test_soak_minute(server, tmp_path):
              max_tokens=32)
     failures = tmp_path / "soak_failures.csv"
     assert r["locust_exit"] == 0, (failures.read_text() if failures.exists() else "",
-                                   (tmp_path / "soak_locust.log").read_text()[-2000:])
+                                   (tmp_path / "soak_locust.log").read_text()[-12000:])
     assert r["requests"] >= 2 * users and r["cancelled"] > 0, r
     assert len(r["memory"]) == 7 and all(m["samples"] >= 6 for m in r["memory"].values()), r
     assert problems(r, CI_SLOPE_LIMIT_MIB_PER_MIN) == [], r
