@@ -72,8 +72,8 @@ class Engine:
                  attention_kind: str = "auto", cuda_graphs: bool | None = None,
                  head: EagleHead | None = None):
         """attention_kind: auto, sdpa or flash (attention.choose). cuda_graphs: replay small
-        forwards from CUDA graphs (graphs.py); None = on CUDA. head: an EAGLE-3 head drafting
-        inside verify (eagle/). Load errors raise ValueError."""
+        forwards (the head's too) from CUDA graphs (graphs.py); None = on CUDA. head: an EAGLE-3
+        head drafting inside verify (eagle/). Load errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
         self.dtype = model.lm_head.weight.dtype
@@ -99,6 +99,8 @@ class Engine:
         if cuda_graphs:
             self.graphs = GraphedForward(model, self.cache, max_sequences)
             self.graphs.warm_up()
+            if self.head is not None:
+                self.head.graphed()
         self.pool = SlotPool(max_sequences)
 
     @classmethod

@@ -7,15 +7,24 @@ the bucket with rows that read and write the scratch slot, and a graph never dep
 call's lengths: SDPA attends over max_len keys under the mask, flash-attn reads each row's
 length from a device tensor. Prefills (more than `max_tokens` tokens per row) run eagerly.
 
+The EAGLE-3 head's forwards (eagle/drafting.py) go through the same class with `feature_dim`:
+they read a feature per token ([B, T, feature_dim]: the target's fused features or the head's
+own previous output) beside the tokens, one more static input.
+
 `capture=False` runs the same padded, static-shape forward eagerly: how the CPU tests check that
 this path gives the eager path's tokens.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .kv_cache import KVCache
 from .model import Batch, Transformer
+
+if TYPE_CHECKING:   # eagle/ imports model.py, as this file does
+    from .eagle.head import EagleHead
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -23,8 +32,12 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 class _Static:
     """A graph's input buffers: rows past `used` are padding on the scratch slot."""
 
-    def __init__(self, b: int, t: int, cache: KVCache, device: torch.device):
+    def __init__(self, b: int, t: int, cache: KVCache, device: torch.device,
+                 feature: tuple[int, torch.dtype] | None):
         self.tokens = torch.zeros(b, t, dtype=torch.int64, device=device)
+        # [b, t, dim]: the head's feature input; padding rows keep whatever was there
+        self.feature = None if feature is None else torch.zeros(
+            b, t, feature[0], dtype=feature[1], device=device)
         self.positions = torch.zeros(b, t, dtype=torch.int64, device=device)
         self.write = torch.full((b, t), cache.scratch, dtype=torch.int64, device=device)
         self.read = torch.full((b,), cache.scratch, dtype=torch.int64, device=device)
@@ -34,9 +47,11 @@ class _Static:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None   # [b, t, hidden], rewritten by every replay
 
-    def fill(self, batch: Batch, scratch: int) -> None:
+    def fill(self, batch: Batch, scratch: int, feature: torch.Tensor | None) -> None:
         n = batch.tokens.shape[0]
         self.tokens[:n].copy_(batch.tokens)
+        if feature is not None:
+            self.feature[:n].copy_(feature)
         self.positions[:n].copy_(batch.positions)
         self.write[:n].copy_(batch.write_slots)
         self.read[:n].copy_(batch.read_slots)
@@ -49,12 +64,15 @@ class _Static:
 
 
 class GraphedForward:
-    def __init__(self, model: Transformer, cache: KVCache, max_batch: int, max_tokens: int = 16,
-                 capture: bool = True):
+    def __init__(self, model: Transformer | EagleHead, cache: KVCache, max_batch: int,
+                 max_tokens: int = 16, capture: bool = True, feature_dim: int = 0):
+        """model: the target or draft (forward(batch, cache)), or an EAGLE-3 head with
+        feature_dim its hidden size (forward(batch, feature, cache))."""
         self.model, self.cache, self.max_tokens = model, cache, max_tokens
         self.buckets = sorted({min(b, max_batch) for b in BUCKETS})
         self.capture = capture
         self.device = cache.k[0].device
+        self.feature = (feature_dim, cache.k[0].dtype) if feature_dim else None
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple[int, int], _Static] = {}
 
@@ -63,7 +81,7 @@ class GraphedForward:
         """Capture the one-row, one-token graph now, so that a forward that cannot be captured
         fails the load (set cuda_graphs = false) instead of every request."""
         key = (1, 1)
-        self.graphs[key] = _Static(*key, self.cache, self.device)
+        self.graphs[key] = _Static(*key, self.cache, self.device, self.feature)
         if self.capture:
             self._capture(self.graphs[key])
 
@@ -72,20 +90,26 @@ class GraphedForward:
         return (b <= self.buckets[-1] and t <= self.max_tokens
                 and (self.model.flash is None or batch.max_end <= self.cache.max_len))
 
-    def __call__(self, batch: Batch) -> torch.Tensor:
-        """Hidden states [B, T, hidden]: a view of the graph's output, valid until its next call."""
+    def __call__(self, batch: Batch, feature: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [B, T, hidden]: a view of the graph's output, valid until its next call.
+        feature [B, T, feature_dim]: the head's feature input (only with feature_dim)."""
         b, t = batch.tokens.shape
         key = (next(n for n in self.buckets if n >= b), t)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = _Static(*key, self.cache, self.device)
+            g = self.graphs[key] = _Static(*key, self.cache, self.device, self.feature)
             if self.capture:
                 self._capture(g)
-        g.fill(batch, self.cache.scratch)
+        g.fill(batch, self.cache.scratch, feature)
         if g.graph is None:
-            return self.model(g.batch, self.cache)[:b]
+            return self._run(g)[:b]
         g.graph.replay()
         return g.out[:b]
+
+    def _run(self, g: _Static) -> torch.Tensor:
+        if g.feature is None:
+            return self.model(g.batch, self.cache)
+        return self.model(g.batch, g.feature, self.cache)
 
     def _capture(self, g: _Static) -> None:
         # Warm up on a side stream (kernel choice, workspaces), then capture; the rows are all
@@ -94,8 +118,8 @@ class GraphedForward:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.model(g.batch, self.cache)
+                self._run(g)
         torch.cuda.current_stream(self.device).wait_stream(side)
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self.pool):
-            g.out = self.model(g.batch, self.cache)
+            g.out = self._run(g)

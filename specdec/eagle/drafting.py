@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..graphs import GraphedForward
 from ..kv_cache import KVCache
 from ..model import Batch
 from ..sampling import DRAFT, BatchSampling, probabilities, sample
@@ -28,6 +29,20 @@ class HeadDrafter:
         # seq_id -> q [k, V] of its pending proposal, when sampled; the next verification of
         # that proposal reads it here: it never leaves the process.
         self.q: dict[int, torch.Tensor] = {}
+        self.graphs: GraphedForward | None = None   # set by the engine, as its own
+
+    def graphed(self, capture: bool = True) -> GraphedForward:
+        """Replay the head's small forwards (its draft steps, short catch-ups) from CUDA graphs,
+        as the engine does the target's; the one-row step is captured now."""
+        self.graphs = GraphedForward(self.head, self.cache, self.cache.scratch, capture=capture,
+                                     feature_dim=self.head.args.layer.hidden_size)
+        self.graphs.warm_up()
+        return self.graphs
+
+    def _forward(self, batch: Batch, feature: torch.Tensor) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs(batch, feature)
+        return self.head(batch, feature, self.cache)
 
     @staticmethod
     def bytes_needed(head: EagleHead, max_sequences: int, max_len: int,
@@ -60,7 +75,7 @@ class HeadDrafter:
         # Pair tokens: one position ahead of the features, x_b at the last committed position.
         ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
         batch = Batch.build(ahead, starts, slots, self.cache, dev, lengths)
-        h = head(batch, head.fc(features.to(head.fc.weight.dtype)), self.cache)     # [B, T, H]
+        h = self._forward(batch, head.fc(features.to(head.fc.weight.dtype)))        # [B, T, H]
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
         k_max = max(ks)
         if k_max == 0:
@@ -86,7 +101,7 @@ class HeadDrafter:
             step = Batch(d, pos, write, slots_t[:, 0], min(max(ends) + j + 1, self.max_len),
                          no_row, slots[0] if consecutive else None,
                          min(max(ends) + j, self.max_len - 1) + 1)
-            h = head(step, h, self.cache)
+            h = self._forward(step, h)   # a graph's output: read before its next replay
         tokens = torch.cat(drafted, 1).tolist()
         q = torch.cat(probs, 1) if probs else None                                   # [B, K, V]
         out = []

@@ -11,6 +11,7 @@ from specdec.eagle.checkpoint import load_head
 from specdec.eagle.config import HeadArgs
 from specdec.eagle.head import EagleHead
 from specdec.engine import Engine, VerifyCall
+from specdec.graphs import GraphedForward
 from specdec.loop import Request
 from specdec.ngram import NgramProposer
 from specdec.sampling import SamplingParams
@@ -18,6 +19,7 @@ from specdec.weights import load_model
 from specdec.policy import Planner
 from tests.core.conftest import generate
 from tests.core.eagle_helpers import trained_head_dir
+from tests.core.test_fast_paths import reference_flash_with_kvcache
 from tests.core.test_speculative_exact import MAX_TOKENS, prompts, transformers_greedy
 from tests.core.test_speculative_distribution import (N, PROMPT, AcceptanceOnly,
                                                       chi_square_p, exact_distribution)
@@ -176,3 +178,42 @@ def test_cancelled_sequences_release_the_heads_state(pair_dir, head_dir):
                        on_round=seen.append)
     assert all(r[2][-1].finish_reason == "cancelled" for r in results)
     assert engine.pool.active == 0 and not engine.head.q
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_head_steps_through_the_graphed_path_equal_the_eager_path(pair_dir, head_dir, greedy,
+                                                                  flash):
+    """The padded, static-shape forwards that CUDA graphs replay (capture=False: the same path,
+    run eagerly), for the head's catch-ups and draft steps as for the target: the same rounds,
+    the same tokens, greedy and sampled."""
+    eager, fast = trained_engine(pair_dir, head_dir), trained_engine(pair_dir, head_dir)
+    if flash:
+        fast.model.flash = fast.head.head.flash = reference_flash_with_kvcache
+    fast.graphs = GraphedForward(fast.model, fast.cache, 4, capture=False)
+    fast.head.graphed(capture=False)
+    reqs = [Request(p, MAX_TOKENS, 4, proposer="eagle") for p in prompts()]
+    reqs += [Request(p, 16, 3, SamplingParams(temperature=0.9, top_p=0.95, seed=i),
+                     proposer="eagle") for i, p in enumerate(prompts(6))]
+    runs = []
+    for engine in (eager, fast):
+        rounds = []
+        results = generate(engine, None, reqs, on_round=rounds.append, head=True)
+        runs.append(([r[0] for r in results], [(r.k, r.accepted) for r in rounds]))
+    assert runs[0][0][:len(greedy)] == greedy
+    assert runs[1] == runs[0]
+    keys = set(fast.head.graphs.graphs)
+    assert (1, 1) in keys and any(b > 1 and t == 1 for b, t in keys)   # draft steps
+    assert any(t > 1 for _, t in keys)                                  # catch-ups
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_head_graphs_keep_greedy_exact(pair_dir, head_dir, greedy):
+    dev = torch.device("cuda")
+    model = load_model(pair_dir[0], torch.float32, dev)
+    engine = Engine(model, 8, 128, dev, cuda_graphs=True,
+                    head=load_head(head_dir, model, torch.float32, dev))
+    assert engine.head.graphs.graphs[(1, 1)].graph is not None   # captured at load
+    results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")
+                                      for p in prompts()], head=True)
+    assert [r[0] for r in results] == greedy
+    assert all(g.graph is not None for g in engine.head.graphs.graphs.values())
