@@ -195,7 +195,6 @@ def _run(args: argparse.Namespace) -> int:
     if freeze:
         draft.freeze_embeddings(model)
     opt = train.optimizer(model, args.lr)
-    done, history = train.load_checkpoint(work, model, opt)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     save_dtype = draft.save_dtype(t_cfg)
 
@@ -205,42 +204,11 @@ def _run(args: argparse.Namespace) -> int:
                         vocab_size=target.vocab_size, cuda_graphs=False)
         return measure.measure(target, d, ds.heldout, ds.continuations, args.max_k, timed)
 
-    if not history:
-        bar.reset(None)
-        bar.set_description("measuring the initial draft")
-        history.append({"step": 0, "loss": None, "seconds": 0.0,
-                        "acceptance": evaluate(work / "eval", timed=False)})
-    bar.reset(args.steps)
-    bar.update(done)
-    bar.set_description("distill")
-    bar.set_postfix(a4=report.latest_a4(history))
-    losses, clock = [], time.time()
-    try:
-        while done < args.steps:
-            lr = args.lr * train.lr_scale(done, args.steps, args.warmup)
-            tokens, lengths = data.step_batch(ds, done, args.seed, args.batch, args.seq_len, slots)
-            losses.append(train.step(model, opt, lambda: train.kl_loss(
-                model, target, tokens, lengths, train.chunk_tokens(t_args.vocab_size)), lr))
-            done += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=report.latest_a4(history))
-            train.fault(done)
-            if done % args.checkpoint_every == 0 or done == args.steps:
-                history.append(_entry(done, losses, clock))
-                losses, clock = [], time.time()
-                train.save_checkpoint(work, done, model, opt, history)
-                if done < args.steps:   # the last one is measured below, with c
-                    history[-1]["acceptance"] = evaluate(work / "eval", timed=False)
-                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=report.latest_a4(history))
-    except KeyboardInterrupt:
-        if losses:   # steps since the last checkpoint: keep them
-            history.append({**_entry(done, losses, clock), "interrupted": True})
-            train.save_checkpoint(work, done, model, opt, history)
-        raise
-    bar.close()
-    print("measuring the draft (acceptance, c)", file=sys.stderr)
-    final = evaluate(args.out, timed=True)
-    history[-1]["acceptance"] = {k: final[k] for k in ("acceptance_by_position", "per_k")}
+    def step(tokens, lengths, lr: float) -> float:
+        return train.step(model, opt, lambda: train.kl_loss(
+            model, target, tokens, lengths, train.chunk_tokens(t_args.vocab_size)), lr)
+
+    history, final = train.run(args, ds, work, bar, slots, model, opt, step, evaluate, "draft")
     result = report.build(args=args, target=t_args, draft=d_args, init=init, trainable=trainable,
                           device=device, sources=ds.sources, history=history, final=final,
                           seconds=sum(h["seconds"] for h in history))
@@ -295,7 +263,3 @@ def _recipe(args, work: Path, resume: bool) -> None:
     work.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps(recipe, indent=1) + "\n")
 
-
-def _entry(done: int, losses: list[float], clock: float) -> dict:
-    return {"step": done, "loss": round(sum(losses) / len(losses), 4),
-            "seconds": round(time.time() - clock, 1), "acceptance": None}

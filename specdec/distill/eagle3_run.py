@@ -110,52 +110,28 @@ def run(args, t_args: ModelArgs, t_cfg: dict, target: Engine, ds: data.Data, wor
     head = eagle3.new_head(model, aux, used, args.seed)
     trainer = eagle3.Trainer(model, head, used, target.cache.num_slots, max_len, args.lr,
                              args.ttt_steps, cache=target.cache)
-    done, history = train.load_checkpoint(work, head, trainer.opt)
     trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
     save_dtype = draft.save_dtype(t_cfg)
-    slots = target.cache.num_slots
 
     def evaluate(directory: Path, timed: bool) -> dict:
         save(head, directory, args, t_cfg, save_dtype)
         return measure_head(model, directory, ds.heldout, ds.continuations, args.max_k,
                             max_len, target.dtype, device, timed)
 
-    if not history:
-        bar.reset(None)
-        bar.set_description("measuring the initial head")
-        history.append({"step": 0, "loss": None, "seconds": 0.0,
-                        "acceptance": evaluate(work / "eval", timed=False)})
-    bar.reset(args.steps)
-    bar.update(done)
-    bar.set_description("distill eagle3")
-    bar.set_postfix(a4=report.latest_a4(history))
-    losses, by_step, clock = [], [], time.time()
-    try:
-        while done < args.steps:
-            lr = args.lr * train.lr_scale(done, args.steps, args.warmup)
-            tokens, lengths = data.step_batch(ds, done, args.seed, args.batch, args.seq_len, slots)
-            losses.append(trainer.step(tokens, lengths, lr))
-            by_step.append(trainer.last_steps)
-            done += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=report.latest_a4(history))
-            train.fault(done)
-            if done % args.checkpoint_every == 0 or done == args.steps:
-                history.append(_entry(done, losses, by_step, clock))
-                losses, by_step, clock = [], [], time.time()
-                train.save_checkpoint(work, done, head, trainer.opt, history)
-                if done < args.steps:   # the last one is measured below, with c
-                    history[-1]["acceptance"] = evaluate(work / "eval", timed=False)
-                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=report.latest_a4(history))
-    except KeyboardInterrupt:
-        if losses:   # steps since the last checkpoint: keep them
-            history.append({**_entry(done, losses, by_step, clock), "interrupted": True})
-            train.save_checkpoint(work, done, head, trainer.opt, history)
-        raise
-    bar.close()
-    print("measuring the head (acceptance, c)", file=sys.stderr)
-    final = evaluate(args.out, timed=True)
-    history[-1]["acceptance"] = {k: final[k] for k in ("acceptance_by_position", "per_k")}
+    by_step: list[list[float]] = []   # each step's loss by training-time-test step
+
+    def step(tokens, lengths, lr: float) -> float:
+        loss = trainer.step(tokens, lengths, lr)
+        by_step.append(trainer.last_steps)
+        return loss
+
+    def ttt_losses() -> dict:
+        out = {"loss_by_ttt_step": [round(sum(col) / len(col), 4) for col in zip(*by_step)]}
+        by_step.clear()
+        return out
+
+    history, final = train.run(args, ds, work, bar, target.cache.num_slots, head, trainer.opt,
+                               step, evaluate, "head", ttt_losses)
     result = report.build_eagle3(args=args, target=t_args, aux=aux, used=used,
                                  coverage=coverage, trainable=trainable, device=device,
                                  sources=ds.sources, history=history, final=final,
@@ -189,9 +165,3 @@ def measure_head(model, directory: Path, prompts: list[list[int]], conts: list[l
         return measure.predict(acc, measure.head_cost_ratio(engine, prompts[0]))
     finally:
         model.capture = kept
-
-
-def _entry(done: int, losses: list[float], by_step: list[list[float]], clock: float) -> dict:
-    return {"step": done, "loss": round(sum(losses) / len(losses), 4),
-            "loss_by_ttt_step": [round(sum(col) / len(col), 4) for col in zip(*by_step)],
-            "seconds": round(time.time() - clock, 1), "acceptance": None}

@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..engine import Engine
 from ..model import Batch
+from . import data
+from .report import latest_a4
 
 # Tests only: after step N, "interrupt:N" raises KeyboardInterrupt (Ctrl-C), "term:N" sends
 # this process SIGTERM (a plain kill), "crash:N" raises a RuntimeError (a process killed hard:
@@ -161,3 +164,59 @@ def fault(done: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)   # the handler raises here
         raise RuntimeError(f"{FAULT_ENV}: injected crash after step {done}")
+
+
+def entry(done: int, losses: list[float], clock: float) -> dict:
+    """A history entry for the steps since the last one (their mean loss, their seconds)."""
+    return {"step": done, "loss": round(sum(losses) / len(losses), 4),
+            "seconds": round(time.time() - clock, 1), "acceptance": None}
+
+
+def run(args, ds, work: Path, bar, slots: int, model: torch.nn.Module,
+        opt: torch.optim.Optimizer, step, evaluate, what: str,
+        extra=lambda: {}) -> tuple[list, dict]:
+    """The distillation loop both methods share: the initial measurement, args.steps steps
+    from the last checkpoint (resume), a checkpoint and a held-out measurement every
+    args.checkpoint_every steps, the steps since the last checkpoint kept on Ctrl-C, then the
+    final measurement (timed) of the model written to args.out.
+
+    step(tokens, lengths, lr) -> loss; evaluate(directory, timed) -> measure's dict; what: the
+    model's name in progress lines ("draft", "head"); extra() -> more fields for a history
+    entry (read, then reset, by the caller's closure). Returns (history, final)."""
+    done, history = load_checkpoint(work, model, opt)
+    if not history:
+        bar.reset(None)
+        bar.set_description(f"measuring the initial {what}")
+        history.append({"step": 0, "loss": None, "seconds": 0.0,
+                        "acceptance": evaluate(work / "eval", timed=False)})
+    bar.reset(args.steps)
+    bar.update(done)
+    bar.set_description(f"distill {args.method}")
+    bar.set_postfix(a4=latest_a4(history))
+    losses, clock = [], time.time()
+    try:
+        while done < args.steps:
+            lr = args.lr * lr_scale(done, args.steps, args.warmup)
+            tokens, lengths = data.step_batch(ds, done, args.seed, args.batch, args.seq_len, slots)
+            losses.append(step(tokens, lengths, lr))
+            done += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", a4=latest_a4(history))
+            fault(done)
+            if done % args.checkpoint_every == 0 or done == args.steps:
+                history.append({**entry(done, losses, clock), **extra()})
+                losses, clock = [], time.time()
+                save_checkpoint(work, done, model, opt, history)
+                if done < args.steps:   # the last one is measured below, with c
+                    history[-1]["acceptance"] = evaluate(work / "eval", timed=False)
+                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", a4=latest_a4(history))
+    except KeyboardInterrupt:
+        if losses:   # steps since the last checkpoint: keep them
+            history.append({**entry(done, losses, clock), **extra(), "interrupted": True})
+            save_checkpoint(work, done, model, opt, history)
+        raise
+    bar.close()
+    print(f"measuring the {what} (acceptance, c)", file=sys.stderr)
+    final = evaluate(args.out, timed=True)
+    history[-1]["acceptance"] = {k: final[k] for k in ("acceptance_by_position", "per_k")}
+    return history, final
