@@ -48,3 +48,15 @@ def test_settings_start_with_the_baseline():
     assert s[0] == ("target-only", "draft", 0)
     assert [(p, k) for _, p, k in s[1:]] == [(p, k) for p in ("draft", "ngram", "hybrid")
                                               for k in (4, 8)]
+
+
+def test_prose_prompts_are_fixed_length_cuts_of_the_corpus():
+    from inputs import DEFAULT_TARGET, load_tokenizer
+    tok = load_tokenizer(DEFAULT_TARGET)
+    rows = workloads.prose(tok, seed=0, n=8, tokens=50)
+    assert len({r["source"] for r in rows}) == 8
+    corpus = " ".join(workloads.prose_corpus().read_text().split())
+    for r in rows:
+        assert 45 <= len(tok(r["prompt"])["input_ids"]) <= 55, r
+        assert " ".join(r["prompt"].split()) in corpus   # a cut of the text, as it reads
+    assert workloads.prose(tok, seed=0, n=8, tokens=50) == rows   # the seed fixes them

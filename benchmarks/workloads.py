@@ -5,6 +5,12 @@
   line (`again`) or its first half of lines (`half`). A model that copies from its context
   continues with the function's own text, which prompt lookup proposes from the prompt.
 - `free`: the default pair's held-out prompts, 20-60 tokens of code to continue.
+- `prose`: out-of-domain text, AIPerf-style synthetic prompts: a fixed number of tokens cut at
+  random offsets from English prose the default pair never trained on (the running
+  interpreter's LICENSE.txt: local, nothing is downloaded; the pair was trained on `.py` files
+  only). Written to a file of your choice, not committed:
+
+    .venv/bin/python benchmarks/workloads.py --workload prose --out reports/prose_prompts.jsonl
 
 Functions of 40-100 tokens keep prompt and 64 new tokens within the 256-token windows the
 default pair was trained on. The choice is a function of the seed and the running
@@ -20,6 +26,7 @@ import ast
 import json
 import random
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -69,15 +76,47 @@ def repeating(tokenizer, seed: int, n: int) -> list[dict]:
              "source": where} for i, (where, src) in enumerate(rng.sample(fits, n))]
 
 
+PROSE_TOKENS = 100
+
+
+def prose_corpus() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+
+
+def prose(tokenizer, seed: int, n: int, tokens: int = PROSE_TOKENS) -> list[dict]:
+    """n prompts of `tokens` tokens each, cut at random token offsets from prose_corpus()."""
+    corpus = prose_corpus()
+    if not corpus.is_file():
+        raise SystemExit(f"{corpus}: not found (this interpreter ships no LICENSE.txt); "
+                         f"use another --workload")
+    ids = tokenizer(" ".join(corpus.read_text().split()))["input_ids"]
+    if len(ids) < 2 * tokens:
+        raise SystemExit(f"{corpus}: {len(ids)} tokens, too short for {tokens}-token prompts")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        at = rng.randrange(len(ids) - tokens)
+        rows.append({"prompt": tokenizer.decode(ids[at:at + tokens]),
+                     "source": f"{corpus.name}@{at}"})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=("repeating", "prose"), default="repeating")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--out", type=Path, default=REPEATING)
     args = ap.parse_args(argv)
-    rows = repeating(load_tokenizer(args.tokenizer), args.seed, args.n)
+    tokenizer = load_tokenizer(args.tokenizer)
+    if args.workload == "prose":
+        if args.out == REPEATING:
+            raise SystemExit("--workload prose: name its file with --out")
+        rows = prose(tokenizer, args.seed, args.n)
+    else:
+        rows = repeating(tokenizer, args.seed, args.n)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{args.out}: {len(rows)} prompts", file=sys.stderr)
     return 0
