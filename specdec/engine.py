@@ -64,6 +64,10 @@ class Verdict:
     proposal: list[int] | None = None  # with next_k: the head's drafts for the next round
     draft_s: float = 0.0       # seconds the head took over them (the batch's)
     failure: str | None = None  # "error": the head failed; the verdict stands, no proposal
+    # What the batch's cost grew with (a row's own k does not move it when other rows draft
+    # more): the most drafts a row of this verification carried, and the head's steps.
+    batch_k: int = 0
+    head_steps: int = 0
 
 
 class Engine:
@@ -252,7 +256,7 @@ class Engine:
         for b, (i, c) in enumerate(zip(good, cs)):
             m = accepted[b]
             self.pool.set_length(c.seq_id, c.start + len(c.tokens) + m)
-            results[i] = Verdict(c.drafts[:m] + [nxt[b]], m)
+            results[i] = Verdict(c.drafts[:m] + [nxt[b]], m, batch_k=k_max)
         if features is not None:
             self._draft_next(cs, [results[i] for i in good], features, batch, slots, nxt_t)
         return results
@@ -298,6 +302,7 @@ class Engine:
         for b, tokens in zip(rows, proposals):
             verdicts[b].proposal, verdicts[b].draft_s, verdicts[b].failure = \
                 tokens, seconds, failure
+            verdicts[b].head_steps = max(ks)
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

@@ -115,7 +115,12 @@ class Costs:
         return fit(k) * level
 
     def round_s(self, proposer: str | None, k: int) -> float:
-        return (self.propose_s(proposer, k) if k else 0.0) + self.verify(k) + self.other(0)
+        drafting = self.propose_s(proposer, k) if k else 0.0
+        if proposer == EAGLE and k:
+            # The head catches up on every verification of a sequence that uses it, drafting
+            # or not (its cache must hold every position): only its steps are this choice's.
+            drafting -= self.propose_s(EAGLE, 0)
+        return drafting + self.verify(k) + self.other(0)
 
 
 PRIOR_ACCEPTANCE = {DRAFT: 0.6, NGRAM: 0.5, EAGLE: 0.6}   # per position, before anything

@@ -140,6 +140,11 @@ class Round:
     drafted: int = 0          # tokens the proposer drafted, when more than k (the head drafts
                               # a round ahead, before k is chosen); draft_s is theirs
     head_failure: str | None = None  # the head failed in this verification: no proposal next
+    # The costs' x (policy.py): a batched call costs what its widest row asks, so the most
+    # drafts any row of the verification's batch carried, and the head's steps over the batch
+    # that drafted this proposal; None: the row's own k.
+    batch_k: int | None = None
+    batch_drafted: int | None = None
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
@@ -177,6 +182,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     used = {NGRAM} & set(allowed)     # proposers holding state for this sequence
     verified_at = None
     pending, pending_s = [], 0.0      # the head's proposal for this round, and its seconds
+    pending_fed = 0                   # committed tokens its verification caught the head up on
+    pending_steps = 0                 # the head's steps over the batch that drafted it
     try:
         while out.finish is None:
             if cancelled():
@@ -217,9 +224,14 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 seq_id, target_len, committed[target_len:], proposal.tokens, proposal.probs,
                 req.sampling, next_k, p == EAGLE and k > 0))
             t2 = time.perf_counter()
-            draft_s = pending_s if p == EAGLE and k > 0 else t1 - t0
+            from_head = p == EAGLE and k > 0
+            draft_s = pending_s if from_head else t1 - t0
             verify_s = t2 - t1 - verdict.draft_s   # the head's next proposal is not this round's
+            batch_drafted = pending_steps if from_head else None
+            if from_head:   # a proposal drafted after a prefill's catch-up costs like a prefill
+                fed = pending_fed
             pending, pending_s = verdict.proposal or [], verdict.draft_s
+            pending_fed, pending_steps = n - target_len, verdict.head_steps
             m = verdict.num_accepted
             prefill = n - target_len > 2
             committed += verdict.tokens
@@ -236,7 +248,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             stats.draft_s += draft_s
             stats.verify_s += verify_s
             r = Round(k, m, draft_s, verify_s, None if verified_at is None else t0 - verified_at,
-                      prefill, fed, failure, limit, choice.reason, p, drafted, verdict.failure)
+                      prefill, fed, failure, limit, choice.reason, p, drafted, verdict.failure,
+                      max(verdict.batch_k, k), batch_drafted)
             verified_at = t2
             policy.observe(r)
             if on_round is not None:

@@ -129,9 +129,12 @@ class Planner:
         if r.prefill:
             return                           # a prompt's prefill is not a steady-state round
         costs = self.costs[_level(self.active)]
+        # x: what the call's cost grew with, the batch's widest row (loop.Round.batch_k): at
+        # load a row's own k barely moves a batch that others widen, and fitted on it every
+        # row would see more drafts as free while together they slow every round.
         if r.k and r.draft_fed <= 2:         # a draft catching up on many tokens is a prefill
-            costs.propose[r.proposer].add(r.drafted or r.k, r.draft_s)
-        costs.verify.add(r.k, r.verify_s)
+            costs.propose[r.proposer].add(r.batch_drafted or r.drafted or r.k, r.draft_s)
+        costs.verify.add(r.k if r.batch_k is None else r.batch_k, r.verify_s)
         if r.other_s is not None:
             costs.other.add(0, r.other_s)
 
@@ -237,10 +240,15 @@ class Adaptive(Policy):
 
     def acceptance(self, proposer: str) -> list[float]:
         """The sequence's own counts over a prior: the server's live estimate (a sequence
-        starts from what the server has seen), or when frozen a constant."""
-        prior = (PRIOR_ACCEPTANCE[proposer] if self.frozen
-                 else self.planner.server_acceptance(proposer))
-        return self.own[proposer].rates(prior, SEQUENCE_WEIGHT)
+        starts from what the server has seen), or when frozen a constant.
+
+        The server's estimate weighs more as sequences share the batch: a batch costs what its
+        widest row drafts, so a row whose own luck lifts its k above the others' slows all of
+        them; at load the rows choose from one estimate, mostly, and so alike."""
+        if self.frozen:
+            return self.own[proposer].rates(PRIOR_ACCEPTANCE[proposer], SEQUENCE_WEIGHT)
+        return self.own[proposer].rates(self.planner.server_acceptance(proposer),
+                                        SEQUENCE_WEIGHT * max(1, self.planner.active))
 
     def costs(self) -> Costs:
         return self.planner.frozen_costs if self.frozen else self.planner.costs_now()

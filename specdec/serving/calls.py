@@ -13,8 +13,9 @@ boundary on every call, so a call's scalars travel packed (three tensors instead
     tokens    INT32 [n]  committed tokens from the start position on, not cached yet
 
 The target also takes draft_tokens [k] (absent when k = 0) and draft_probs [k, V] (absent when
-the draft was greedy), and answers verdict INT32 [3 + m + 1 + k']: the number of drafts
-accepted m, the head's drafting time in microseconds, 1 if the head failed, then the m accepted
+the draft was greedy), and answers verdict INT32 [5 + m + 1 + k']: the number of drafts
+accepted m, the head's drafting time in microseconds, 1 if the head failed, the most drafts a
+row of the verification's batch carried, the head's steps over its batch, then the m accepted
 drafts and the target's own token, then the head's k' drafts for the next round. The draft
 answers draft_tokens [k] and, when asked, draft_probs. Unsigned 64-bit values travel as the
 int64 with the same bits.
@@ -104,13 +105,13 @@ def verify_call(inputs: dict, draft_probs) -> VerifyCall:
 
 
 def verdict_output(v: Verdict) -> np.ndarray:
-    return np.array([[v.num_accepted, round(v.draft_s * 1e6), v.failure is not None, *v.tokens,
-                      *(v.proposal or [])]], np.int32)
+    return np.array([[v.num_accepted, round(v.draft_s * 1e6), v.failure is not None, v.batch_k,
+                      v.head_steps, *v.tokens, *(v.proposal or [])]], np.int32)
 
 
 def verdict(output: np.ndarray) -> Verdict:
     values = output.reshape(-1).tolist()
-    m, micros, failed = values[:3]
-    end = 3 + m + 1
-    return Verdict(values[3:end], m, values[end:] or None, micros / 1e6,
-                   "error" if failed else None)
+    m, micros, failed, batch_k, head_steps = values[:5]
+    end = 5 + m + 1
+    return Verdict(values[5:end], m, values[end:] or None, micros / 1e6,
+                   "error" if failed else None, batch_k, head_steps)

@@ -93,6 +93,8 @@ def test_wire_format_round_trip_and_config_types():
     assert calls.verdict(calls.verdict_output(head)) == head
     failed = Verdict([3], 0, None, 0.5, "error")
     assert calls.verdict(calls.verdict_output(failed)) == failed
+    batched = Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, head_steps=5)   # the batch's width
+    assert calls.verdict(calls.verdict_output(batched)) == batched
     call = VerifyCall(5, 7, [3], [1, 2], None, s, next_k=4, drafts_from_head=True)
     back = calls.verify_call(calls.verify_inputs(call), None)
     assert (back.next_k, back.drafts_from_head, back.drafts) == (4, True, [1, 2])

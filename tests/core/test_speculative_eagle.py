@@ -141,6 +141,32 @@ def test_greedy_equals_target_alone(pair_dir, head_dir, greedy, k, auto, propose
     assert engine.pool.active == 0 and not engine.head.q
 
 
+def test_a_proposal_drafted_after_a_prefill_is_not_a_steady_cost(pair_dir, head_dir):
+    """The head's first proposal comes out of the prompt's verification, after a catch-up over
+    the whole prompt: its round reports that catch-up (draft_fed), so the policy's cost fit
+    leaves it out as it does a draft model's prefill; later proposals follow one-token
+    catch-ups."""
+    rounds = []
+    prompt = prompts()[0]
+    generate(trained_engine(pair_dir, head_dir), None,
+             [Request(prompt, 24, 3, proposer="eagle")], on_round=rounds.append, head=True)
+    drafting = [r for r in rounds if r.k]
+    assert drafting[0].draft_fed == len(prompt) > 2
+    assert all(r.draft_fed <= 2 for r in drafting[1:]) and len(drafting) > 2
+
+
+def test_rounds_report_the_width_of_the_batch_they_shared(pair_dir, head_dir):
+    """A row drafting 2 verified beside one drafting 5 waits for five drafts' verification and
+    for five head steps: its rounds say so (the policy fits costs on that width)."""
+    rounds = []
+    generate(trained_engine(pair_dir, head_dir), None,
+             [Request(p, 24, k, proposer="eagle") for p, k in zip(prompts(2), (2, 5))],
+             on_round=rounds.append, head=True)
+    narrow = [r for r in rounds if r.k == 2 and not r.prefill]
+    assert narrow and all(r.batch_k >= 2 for r in narrow)
+    assert any(r.batch_k == 5 for r in narrow) and any(r.batch_drafted == 5 for r in narrow)
+
+
 def test_rows_batched_equal_rows_alone_when_sampling(pair_dir, head_dir):
     engine = trained_engine(pair_dir, head_dir)
     reqs = [Request(p, 16, 4, SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=i),
