@@ -217,18 +217,20 @@ def proposer(value):
     return np.array([value.encode()], object)
 
 
-def test_proposer_defaults_to_hybrid_with_a_draft_and_lookup_without():
+def test_proposer_defaults_to_the_head_else_hybrid_with_a_draft_else_lookup():
     assert parse_request(inputs(), SETTINGS, EOS, VOCAB)[0].proposer == "hybrid"
     no_draft = OrchestratorSettings(draft_model_path="none")
     assert parse_request(inputs(), no_draft, EOS, VOCAB)[0].proposer == "ngram"
     for p in ("draft", "ngram", "hybrid"):
         assert parse_request(inputs(proposer=proposer(p)), SETTINGS, EOS, VOCAB)[0].proposer == p
-    # A server with a head and no draft: hybrid (lookup and the head) by default, eagle asked.
+    # A server with a head, with or without a draft model: the head by default, hybrid asked.
     head_only = OrchestratorSettings(draft_model_path="none", eagle_head_path="/head")
     assert head_only.proposers == ("ngram", "eagle")
-    assert parse_request(inputs(), head_only, EOS, VOCAB)[0].proposer == "hybrid"
-    assert parse_request(inputs(proposer=proposer("eagle")), head_only, EOS,
-                         VOCAB)[0].proposer == "eagle"
+    assert parse_request(inputs(), head_only, EOS, VOCAB)[0].proposer == "eagle"
+    assert parse_request(inputs(proposer=proposer("hybrid")), head_only, EOS,
+                         VOCAB)[0].proposer == "hybrid"
+    both = OrchestratorSettings(eagle_head_path="/head")
+    assert parse_request(inputs(), both, EOS, VOCAB)[0].proposer == "eagle"
 
 
 @pytest.mark.parametrize("value,settings,message", [
