@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import ctypes.util
 import json
-import shutil
 import signal
 import sys
 import time
@@ -212,12 +211,9 @@ def _run(args: argparse.Namespace) -> int:
     result = report.build(args=args, target=t_args, draft=d_args, init=init, trainable=trainable,
                           device=device, sources=ds.sources, history=history, final=final,
                           seconds=sum(h["seconds"] for h in history))
-    (args.out / "distill_report.json").write_text(json.dumps(result, indent=1) + "\n")
-    shutil.rmtree(work)
-    print(report.summary(result), file=sys.stderr)
-    print(f"{args.out}: draft written in {time.time() - started:.0f} s; serve it with "
-          f"SPECDEC_DRAFT_MODEL={args.out}", file=sys.stderr)
-    return 0
+    return train.finish(args.out, work, result, f"{args.out}: draft written in "
+                        f"{time.time() - started:.0f} s; serve it with "
+                        f"SPECDEC_DRAFT_MODEL={args.out}")
 
 
 def _device(name: str) -> torch.device:

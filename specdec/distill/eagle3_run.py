@@ -5,9 +5,6 @@ the served loop's proposals (measure.head_runs) and written in the speculators f
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -136,12 +133,8 @@ def run(args, t_args: ModelArgs, t_cfg: dict, target: Engine, ds: data.Data, wor
                                  coverage=coverage, trainable=trainable, device=device,
                                  sources=ds.sources, history=history, final=final,
                                  seconds=sum(h["seconds"] for h in history))
-    (args.out / "distill_report.json").write_text(json.dumps(result, indent=1) + "\n")
-    shutil.rmtree(work)
-    print(report.summary(result), file=sys.stderr)
-    print(f"{args.out}: EAGLE-3 head written in {time.time() - started:.0f} s (speculators "
-          f"format)", file=sys.stderr)
-    return 0
+    return train.finish(args.out, work, result, f"{args.out}: EAGLE-3 head written in "
+                        f"{time.time() - started:.0f} s (speculators format)")
 
 
 def save(head: EagleHead, directory: Path, args, t_cfg: dict, dtype: torch.dtype) -> None:

@@ -12,6 +12,7 @@ same steps as one that never stopped.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -27,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from ..engine import Engine
 from ..model import Batch
 from . import data
-from .report import latest_a4
+from .report import latest_a4, summary
 
 # Tests only: after step N, "interrupt:N" raises KeyboardInterrupt (Ctrl-C), "term:N" sends
 # this process SIGTERM (a plain kill), "crash:N" raises a RuntimeError (a process killed hard:
@@ -220,3 +221,12 @@ def run(args, ds, work: Path, bar, slots: int, model: torch.nn.Module,
     final = evaluate(args.out, timed=True)
     history[-1]["acceptance"] = {k: final[k] for k in ("acceptance_by_position", "per_k")}
     return history, final
+
+
+def finish(out: Path, work: Path, result: dict, written: str) -> int:
+    """The run's end: its report beside the model, the work directory gone, the summary."""
+    (out / "distill_report.json").write_text(json.dumps(result, indent=1) + "\n")
+    shutil.rmtree(work)
+    print(summary(result), file=sys.stderr)
+    print(written, file=sys.stderr)
+    return 0

@@ -5,9 +5,11 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from specdec import cli
+from specdec.distill.train import FAULT_ENV
 from tests.tiny_checkpoints import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,3 +42,17 @@ def distill(target: Path, out: Path, *extra: str) -> int:
 
 def report(out: Path) -> dict:
     return json.loads((out / "distill_report.json").read_text())
+
+
+def interrupt(target: Path, out: Path, args: tuple[str, ...], fault: str,
+              monkeypatch) -> list[str]:
+    """Run with the test fault `fault` (train.FAULT_ENV: "interrupt:N", "term:N" or "crash:N");
+    returns the checkpoints it left. The fault is unset again for the rerun."""
+    monkeypatch.setenv(FAULT_ENV, fault)
+    if fault.startswith("crash"):
+        with pytest.raises(RuntimeError, match=f"injected crash after step {fault[6:]}"):
+            distill(target, out, *args)
+    else:
+        assert distill(target, out, *args) == 130
+    monkeypatch.delenv(FAULT_ENV)
+    return sorted(p.name for p in (out / ".distill").glob("step-*"))

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 from specdec.distill import data, eagle3, measure
-from specdec.distill.train import FAULT_ENV
 from specdec.eagle.checkpoint import load_head, save_speculators
 from specdec.engine import Engine
 from specdec.kv_cache import KVCache
@@ -18,7 +17,7 @@ from specdec.local import LocalVerifier
 from specdec.loop import Request, speculate
 from specdec.model import Batch
 from specdec.weights import load_model
-from tests.core.distill_helpers import distill, report, tiny_target
+from tests.core.distill_helpers import distill, interrupt, report, tiny_target
 from tests.core.eagle_helpers import trained_head_dir
 
 CPU = torch.device("cpu")
@@ -148,15 +147,8 @@ def test_the_head_is_written_in_the_speculators_format(target, whole):
 def test_an_interrupted_run_resumes(target, whole, tmp_path, monkeypatch, capsys, fault,
                                     resumes_at):
     args = (*EAGLE3, "--steps", "6", "--draft-vocab", "1000")
-    monkeypatch.setenv(FAULT_ENV, fault)
-    if fault.startswith("crash"):
-        with pytest.raises(RuntimeError, match="injected crash after step 3"):
-            distill(target, tmp_path / "cut", *args)
-    else:
-        assert distill(target, tmp_path / "cut", *args) == 130
-    saved = sorted(p.name for p in (tmp_path / "cut" / ".distill").glob("step-*"))
+    saved = interrupt(target, tmp_path / "cut", args, fault, monkeypatch)
     assert saved == [f"step-{resumes_at:07d}"]
-    monkeypatch.delenv(FAULT_ENV)
     assert "--ttt-steps 2 -> 3" in _refused(capsys, target, tmp_path / "cut", *args[:2],
                                             "--ttt-steps", "3", *args[4:])
     assert distill(target, tmp_path / "cut", *args) == 0

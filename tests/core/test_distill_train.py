@@ -3,8 +3,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdec.distill.train import FAULT_ENV
-from tests.core.distill_helpers import distill, report, tiny_target
+from tests.core.distill_helpers import distill, interrupt, report, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +46,8 @@ def test_interrupted_run_resumes_from_its_checkpoint(target, whole, tmp_path, mo
     the last periodic checkpoint. Either way the rerun continues there and ends where a run that was
     never interrupted ends, weight for weight."""
     args = RESUMED
-    monkeypatch.setenv(FAULT_ENV, fault)
-    if fault.startswith("crash"):
-        with pytest.raises(RuntimeError, match="injected crash after step 3"):
-            distill(target, tmp_path / "cut", *args)
-    else:
-        assert distill(target, tmp_path / "cut", *args) == 130
-    saved = sorted(p.name for p in (tmp_path / "cut" / ".distill").glob("step-*"))
+    saved = interrupt(target, tmp_path / "cut", args, fault, monkeypatch)
     assert saved == [f"step-{resumes_at:07d}"]
-    monkeypatch.delenv(FAULT_ENV)
     capsys.readouterr()
     assert distill(target, tmp_path / "cut", *args) == 0
     err = capsys.readouterr().err
