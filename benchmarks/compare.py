@@ -14,8 +14,9 @@ machine does not land on one setting):
   free     free generation (--prompts-file): the same four settings
   eagle    the default pair with an EAGLE-3 head beside it (--eagle-head, SPECDEC_EAGLE_HEAD):
            target-only, the draft model and the head, each auto and K=2,4,6, at 1 stream;
-           target-only, each auto and K=2,4 at 16 streams; hybrid auto (the server's default
-           with a head: lookup, head and draft model) at both
+           target-only, each auto and K=2,4 at 16 streams; hybrid auto (lookup, head and draft
+           model per round; a server with a head defaulted to it before it measured below the
+           head alone) at both
 poor, default and capped draft with the draft model only (proposer=draft), so they show the
 policy alone.
 
@@ -202,7 +203,7 @@ def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, i
             raise SystemExit(f"--eagle-head {args.eagle_head}: no head there (make one with "
                              f"specdec distill --method eagle3)")
         env = {"SPECDEC_EAGLE_HEAD": str(args.eagle_head)}
-        # hybrid auto: what a request gets by default from a server with a head
+        # hybrid auto: the head against lookup and the draft model chosen per round
         plan = [(TARGET_ONLY, 1)] + [(Setting(k, p), 1) for p in ("draft", "eagle")
                                      for k in (AUTO, 2, 4, 6)] + [(Setting(AUTO, "hybrid"), 1)]
         plan += [(TARGET_ONLY, 16)] + [(Setting(k, p), 16) for p in ("draft", "eagle")

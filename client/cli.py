@@ -15,6 +15,7 @@ from .api import (
     DEFAULT_HTTP_URL,
     DEFAULT_TIMEOUT_S,
     ENSEMBLE,
+    PROPOSERS,
     GenerationParams,
     Result,
     ServerError,
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft-tokens", type=int,
                    help="K per round; 0 decodes with the target model only; default: the "
                         "server chooses per round")
-    p.add_argument("--proposer", choices=("draft", "ngram", "eagle", "hybrid"),
+    p.add_argument("--proposer", choices=PROPOSERS,
                    help="draft with the draft model, prompt lookup, the EAGLE-3 head, or any "
                         "of them per round; default: the server's")
     p.add_argument("--stop-word", action="append", dest="stop_words", metavar="W",

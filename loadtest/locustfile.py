@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 # or one user's blocking stream read would stall every other user.
 import gevent
 import gevent.monkey
+import gevent.util
 import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 
@@ -156,7 +157,6 @@ def _grpc_address(http_url: str, grpc_host: str) -> str:
 
 def _print_run_info() -> None:
     """SIGUSR1: every greenlet's and thread's stack on stderr (what a hung run waits on)."""
-    import gevent.util
     gevent.util.print_run_info(file=sys.stderr)
     sys.stderr.flush()
 

@@ -137,14 +137,13 @@ class Round:
     limit: int = 0            # the most the request allowed this round
     reason: str = ""          # why k is 0 though limit is not (policy.Choice.reason)
     proposer: str = DRAFT     # who proposed (or was asked to): "draft", "ngram" or "eagle"
-    drafted: int = 0          # tokens the proposer drafted, when more than k (the head drafts
-                              # a round ahead, before k is chosen); draft_s is theirs
+    # The head drafts a round ahead, before k is chosen: the steps it ran over the batch that
+    # drafted this proposal (at least the tokens it drafted for this row); draft_s is theirs.
+    drafted: int = 0
     head_failure: str | None = None  # the head failed in this verification: no proposal next
-    # The costs' x (policy.py): a batched call costs what its widest row asks, so the most
-    # drafts any row of the verification's batch carried, and the head's steps over the batch
-    # that drafted this proposal; None: the row's own k.
+    # The verification cost's x (policy.py): a batched call costs what its widest row asks, so
+    # the most drafts any row of its batch carried; None: the row's own k.
     batch_k: int | None = None
-    batch_drafted: int | None = None
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
@@ -202,8 +201,9 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             choice = policy.choose(limit, offers) if limit else Choice(0)
             k, p, failure, fed, drafted = choice.k, choice.proposer, None, 0, 0
             proposal = Proposal([], None)
-            if k > 0 and p == EAGLE:
-                proposal, drafted = Proposal(pending[:k], None), len(pending)
+            from_head = k > 0 and p == EAGLE
+            if from_head:
+                proposal, drafted = Proposal(pending[:k], None), max(pending_steps, len(pending))
             elif k > 0:
                 used.add(p)
                 fed = n - lens[p]
@@ -222,12 +222,10 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                                                      req.max_tokens - len(out.tokens) - 2)))
             verdict = await verifier.verify(VerifyCall(
                 seq_id, target_len, committed[target_len:], proposal.tokens, proposal.probs,
-                req.sampling, next_k, p == EAGLE and k > 0))
+                req.sampling, next_k, from_head))
             t2 = time.perf_counter()
-            from_head = p == EAGLE and k > 0
             draft_s = pending_s if from_head else t1 - t0
             verify_s = t2 - t1 - verdict.draft_s   # the head's next proposal is not this round's
-            batch_drafted = pending_steps if from_head else None
             if from_head:   # a proposal drafted after a prefill's catch-up costs like a prefill
                 fed = pending_fed
             pending, pending_s = verdict.proposal or [], verdict.draft_s
@@ -236,7 +234,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             prefill = n - target_len > 2
             committed += verdict.tokens
             target_len = n + m
-            if k > 0 and p != EAGLE:
+            if k > 0 and not from_head:
                 lens[p] = n + min(m, k - 1)  # it fed d_1..d_{k-1}; d_k and later never
             stats.rounds += 1
             stats.total_draft_tokens += k
@@ -249,7 +247,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             stats.verify_s += verify_s
             r = Round(k, m, draft_s, verify_s, None if verified_at is None else t0 - verified_at,
                       prefill, fed, failure, limit, choice.reason, p, drafted, verdict.failure,
-                      max(verdict.batch_k, k), batch_drafted)
+                      max(verdict.batch_k, k))
             verified_at = t2
             policy.observe(r)
             if on_round is not None:

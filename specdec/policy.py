@@ -133,7 +133,7 @@ class Planner:
         # load a row's own k barely moves a batch that others widen, and fitted on it every
         # row would see more drafts as free while together they slow every round.
         if r.k and r.draft_fed <= 2:         # a draft catching up on many tokens is a prefill
-            costs.propose[r.proposer].add(r.batch_drafted or r.drafted or r.k, r.draft_s)
+            costs.propose[r.proposer].add(r.drafted or r.k, r.draft_s)
         costs.verify.add(r.k if r.batch_k is None else r.batch_k, r.verify_s)
         if r.other_s is not None:
             costs.other.add(0, r.other_s)

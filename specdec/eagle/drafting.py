@@ -29,15 +29,14 @@ class HeadDrafter:
         # seq_id -> q [k, V] of its pending proposal, when sampled; the next verification of
         # that proposal reads it here: it never leaves the process.
         self.q: dict[int, torch.Tensor] = {}
-        self.graphs: GraphedForward | None = None   # set by the engine, as its own
+        self.graphs: GraphedForward | None = None   # graphed() sets them
 
-    def graphed(self, capture: bool = True) -> GraphedForward:
+    def graphed(self, capture: bool = True) -> None:
         """Replay the head's small forwards (its draft steps, short catch-ups) from CUDA graphs,
         as the engine does the target's; the one-row step is captured now."""
         self.graphs = GraphedForward(self.head, self.cache, self.cache.scratch, capture=capture,
                                      feature_dim=self.head.args.layer.hidden_size)
         self.graphs.warm_up()
-        return self.graphs
 
     def _forward(self, batch: Batch, feature: torch.Tensor) -> torch.Tensor:
         if self.graphs is not None and self.graphs.fits(batch):

@@ -164,7 +164,7 @@ def test_rounds_report_the_width_of_the_batch_they_shared(pair_dir, head_dir):
              on_round=rounds.append, head=True)
     narrow = [r for r in rounds if r.k == 2 and not r.prefill]
     assert narrow and all(r.batch_k >= 2 for r in narrow)
-    assert any(r.batch_k == 5 for r in narrow) and any(r.batch_drafted == 5 for r in narrow)
+    assert any(r.batch_k == 5 for r in narrow) and any(r.drafted == 5 for r in narrow)
 
 
 def test_rows_batched_equal_rows_alone_when_sampling(pair_dir, head_dir):
