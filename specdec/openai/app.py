@@ -1,7 +1,7 @@
 """The routes: /v1/models, /v1/chat/completions, /v1/completions, and the gateway's probes.
 
 A streamed answer's HTTP status is decided before its first byte: the first response from the
-ensemble is awaited first, so a refusal or a full server is a 400 or a 503, not an error inside
+server is awaited first, so a refusal or a full server is a 400 or a 503, not an error inside
 a 200 stream. A client that goes away cancels its generation: a stream's generator is cancelled
 by the server, a non-streamed request is watched for the disconnect while it runs.
 """
@@ -18,12 +18,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import protocol
 from .protocol import ApiError, Generation
-from .triton import Ensemble, TritonError, api_error
+from .triton import SpecDecoding, TritonError, api_error
 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(ensemble: Ensemble, tokenizer, served: str) -> FastAPI:
+def create_app(server: SpecDecoding, tokenizer, served: str) -> FastAPI:
     app = FastAPI(title="triton-specdec OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None)
     created = int(time.time())
@@ -50,20 +50,20 @@ def create_app(ensemble: Ensemble, tokenizer, served: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _serve(request, ensemble, protocol.parse_chat(await _body(request), served,
+        return await _serve(request, server, protocol.parse_chat(await _body(request), served,
                                                                    tokenizer))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _serve(request, ensemble,
+        return await _serve(request, server,
                             protocol.parse_completion(await _body(request), served))
 
     @app.get("/health")
     async def health() -> Response:
-        """Readiness: the ensemble answers. Liveness is /health/live (this process)."""
-        if await ensemble.ready():
+        """Readiness: the server answers. Liveness is /health/live (this process)."""
+        if await server.ready():
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "the ensemble is not ready"}, 503)
+        return JSONResponse({"status": "the speculative_decoding model is not ready"}, 503)
 
     @app.get("/health/live")
     async def live() -> dict:
@@ -83,11 +83,11 @@ async def _body(request: Request) -> Any:
         raise ApiError(400, "the request body is not valid JSON") from None
 
 
-async def _serve(request: Request, ensemble: Ensemble, gen: Generation) -> Response:
+async def _serve(request: Request, server: SpecDecoding, gen: Generation) -> Response:
     rid = protocol.new_id(gen.chat)
     if gen.stream:
-        return await _stream(ensemble, gen, rid)
-    task = asyncio.ensure_future(ensemble.collect(gen))
+        return await _stream(server, gen, rid)
+    task = asyncio.ensure_future(server.collect(gen))
     try:
         while not task.done():   # a client that leaves cancels its generation
             await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -103,8 +103,8 @@ async def _serve(request: Request, ensemble: Ensemble, gen: Generation) -> Respo
     return JSONResponse(protocol.response(gen, rid, collector.result(streamed=False)))
 
 
-async def _stream(ensemble: Ensemble, gen: Generation, rid: str) -> Response:
-    responses = ensemble.generate(gen.prompt, gen.params, True)
+async def _stream(server: SpecDecoding, gen: Generation, rid: str) -> Response:
+    responses = server.generate(gen.prompt, gen.params, True)
     try:
         first = await responses.__anext__()
     except StopAsyncIteration:

@@ -3,14 +3,17 @@
     specdec openai [--grpc-url 127.0.0.1:8001] [--host 127.0.0.1] [--port 9000]
                    [--tokenizer DIR] [--served-model-name NAME]
 
-Loopback by default, like the launcher; the tokenizer (for chat templates) is the target
-model's directory unless --tokenizer or $SPECDEC_TOKENIZER says otherwise, read with no remote
-code. `make serve` starts it beside tritonserver on port 9000.
+Loopback by default, like the launcher. It calls the speculative_decoding model with token ids
+(so that a client that leaves stops its generation) and tokenizes with the served target's
+tokenizer: the target model's directory unless --tokenizer or $SPECDEC_TOKENIZER says otherwise,
+read with no remote code. `make serve` starts it beside tritonserver on port 9000.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from .. import names
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -20,13 +23,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="address to listen on (0.0.0.0: every interface). Default 127.0.0.1")
     ap.add_argument("--port", type=int, default=9000, help="Default 9000")
     ap.add_argument("--tokenizer", default=None,
-                    help="tokenizer directory for chat templates. Default: $SPECDEC_TOKENIZER, "
-                         "else $SPECDEC_TARGET_MODEL, else the embedded default target")
+                    help="the served target's tokenizer directory (prompts, stop words, text and "
+                         "chat templates). Default: $SPECDEC_TOKENIZER, else "
+                         "$SPECDEC_TARGET_MODEL, else the embedded default target")
     ap.add_argument("--served-model-name", default=None,
                     help="the model name clients ask for. Default: the tokenizer directory's "
                          "name")
-    ap.add_argument("--triton-model", default="ensemble",
-                    help="the Triton model to call. Default ensemble")
+    ap.add_argument("--triton-model", default=names.ORCHESTRATOR,
+                    help="the orchestrator model to call (token ids in and out). Default "
+                         f"{names.ORCHESTRATOR}")
     ap.add_argument("--log-level", default="info",
                     choices=("critical", "error", "warning", "info", "debug"))
     ap.add_argument("--access-log", action="store_true", help="log every request")
@@ -38,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.settings import tokenizer_path
     from ..serving.tokenizer import load_tokenizer
     from .app import create_app
-    from .triton import Ensemble
+    from .triton import SpecDecoding
 
     path = args.tokenizer or tokenizer_path({})
     served = args.served_model_name or Path(path).resolve().name
     tokenizer = load_tokenizer(path)
-    app = create_app(Ensemble(args.grpc_url, args.triton_model), tokenizer, served)
+    app = create_app(SpecDecoding(args.grpc_url, tokenizer, args.triton_model), tokenizer,
+                     served)
     print(f"specdec openai: http://{args.host}:{args.port}/v1 serving '{served}' (Triton "
           f"{args.grpc_url}, model {args.triton_model}; chat template: "
           f"{'yes' if getattr(tokenizer, 'chat_template', None) else 'none'})", flush=True)

@@ -1,37 +1,51 @@
-"""The ensemble over gRPC streaming, with tritonclient's asyncio client: one stream a request.
+"""The speculative_decoding model over gRPC streaming, with tritonclient's asyncio client: one
+stream a request, token ids in and out.
+
+The gateway calls the orchestrator itself, not the ensemble around it, so that a client that
+leaves stops its generation: Triton passes a cancellation into a model that is running only when
+the client's request is that model's own (an ensemble checks for it between its steps, and its
+orchestrator step runs from the first token to the last). The gateway therefore does what the
+ensemble's preprocessing and postprocessing do, with the same functions and the target's
+tokenizer: the prompt and the stop words to ids, each response's ids to its piece of text.
 
 The request iterator yields the one request and ends, which half-closes the stream: the server
 ends it as soon as the request is done, so a finished or failed request closes cleanly. Only a
-consumer that stops early (its HTTP client went away) cancels the stream, and the server's
-cancellation frees the sequence's slots. Status codes (triton_grpc_error) are asked only of a
-server that reports Triton 2.68 or later (docs/reliability.md); elsewhere errors arrive as
-messages and `api_error` reads them.
+consumer that stops early (its HTTP client went away) cancels the stream; the orchestrator sees
+the cancellation between rounds and frees the sequence's slots. Status codes (triton_grpc_error)
+are asked only of a server that reports Triton 2.68 or later (docs/reliability.md); elsewhere
+errors arrive as messages and `api_error` reads them.
 """
 from __future__ import annotations
 
-import codecs
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
+
 from specdec import names
+from specdec.serving.detokenize import piece
+from specdec.serving.requests import InvalidInput, check_sizes
+from specdec.serving.settings import RequestLimits
+from specdec.serving.tokenizer import encode_prompt, stop_sequences
 from specdec_client import GenerationParams
-from specdec_client.api import Collector
-from specdec_client.grpc_transport import (build_infer_inputs, outputs_from_infer_result,
-                                           parse_version, stream_headers)
+from specdec_client.api import INPUT_DATATYPES, Collector
+from specdec_client.grpc_transport import (outputs_from_infer_result, parse_version,
+                                           stream_headers)
 
 from .protocol import ApiError, Generation
 
 FACTS_TTL_S = 60.0
 RETRY_AFTER_S = "1"
-# The ensemble's input names in the OpenAI body's words, for errors that name one.
+# The orchestrator's input names in the OpenAI body's words, for errors that name one.
 PARAMS = {names.TEMPERATURE: "temperature", names.TOP_P: "top_p", names.TOP_K: "top_k",
           names.SEED: "seed", names.NUM_DRAFT_TOKENS: "num_draft_tokens",
           names.STOP_WORDS: "stop", names.PROPOSER: "proposer"}
-_REFUSAL = re.compile(r"in ensemble '[^']*', (\w+): (.*)", re.S)
-
+# "field: reason", as the orchestrator refuses a request (prefixed "in ensemble 'x', " by a
+# Triton ensemble).
+_REFUSAL = re.compile(r"(?:in ensemble '[^']*', )?(\w+): (.*)", re.S)
 
 class TritonError(Exception):
     def __init__(self, message: str, status: str | None = None):
@@ -39,9 +53,12 @@ class TritonError(Exception):
         self.message, self.status = message, status
 
 
-class Ensemble:
-    def __init__(self, url: str, model: str = names.ENSEMBLE):
-        self.url, self.model = url, model
+class SpecDecoding:
+    """The gateway's client of one speculative_decoding model."""
+
+    def __init__(self, url: str, tokenizer, model: str = names.ORCHESTRATOR,
+                 limits: RequestLimits = RequestLimits()):
+        self.url, self.tokenizer, self.model, self.limits = url, tokenizer, model, limits
         self._client = None
         self._facts: tuple[float, dict | None, dict[str, int]] | None = None
 
@@ -75,20 +92,53 @@ class Ensemble:
         except Exception:
             return False
 
+    def inputs(self, prompt: str, params: GenerationParams, stream: bool,
+               ranks: dict[str, int]) -> list[Any]:
+        """The request's tensors, as preprocessing would hand them to the orchestrator; a
+        request over the limits is refused before the tokenizer runs."""
+        from tritonclient.grpc import InferInput
+        from tritonclient.utils import triton_to_np_dtype
+        fields = params.fields()
+        words = fields.pop(names.STOP_WORDS, [])
+        check_sizes(prompt, words, self.limits)
+        stops = stop_sequences(self.tokenizer, words)
+        values: dict[str, tuple[list, str]] = {
+            names.INPUT_IDS: (encode_prompt(self.tokenizer, prompt), "INT32"),
+            names.STREAM: ([stream], "BOOL")}
+        if stops:
+            values[names.STOP_IDS] = ([t for s in stops for t in s], "INT32")
+            values[names.STOP_LENGTHS] = ([len(s) for s in stops], "INT32")
+        for name, value in fields.items():
+            values[name] = ([value.encode() if isinstance(value, str) else value],
+                            INPUT_DATATYPES[name])
+        tensors = []
+        for name, (row, datatype) in values.items():
+            array = np.array(row, dtype=triton_to_np_dtype(datatype))
+            array = array.reshape((1,) * (ranks.get(name, 1) - 1) + (len(row),))
+            tensor = InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        return tensors
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     async def generate(self, prompt: str, params: GenerationParams,
                        stream: bool) -> AsyncIterator[dict[str, Any]]:
-        """The outputs of each response; TritonError for an error, the server's or the
-        connection's. Leaving early (an exception or cancellation in the consumer) cuts the
-        stream."""
+        """The outputs of each response, its text included; TritonError for an error, the
+        server's or the connection's (or a request over the limits). Leaving early (an exception
+        or cancellation in the consumer) cuts the stream, which ends the generation."""
         import grpc
         headers, ranks = await self.facts()
-        inputs = build_infer_inputs(prompt, params, stream, ranks)
+        try:
+            inputs = self.inputs(prompt, params, stream, ranks)
+        except InvalidInput as e:
+            raise TritonError(str(e), "StatusCode.INVALID_ARGUMENT") from None
 
         async def one_request():
             yield {"model_name": self.model, "inputs": inputs, "request_id": uuid.uuid4().hex}
 
         responses = self.client.stream_infer(one_request(), headers=headers)
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
         ended = False
         try:
             while True:
@@ -103,10 +153,14 @@ class Ensemble:
                 if error is not None:
                     ended = True   # an error is its request's last response
                     raise TritonError(error.message(), error.status())
-                params_ = result.get_response().parameters
-                final = "triton_final_response" in params_ and \
-                    params_["triton_final_response"].bool_param
-                yield outputs_from_infer_result(result, decoder, final)
+                outputs = outputs_from_infer_result(result)
+                ids = result.as_numpy(names.OUTPUT_IDS)
+                if ids is not None:
+                    outputs[names.TEXT_OUTPUT] = piece(
+                        self._decode, ids.reshape(-1).tolist(),
+                        int(result.as_numpy(names.PREFIX_LENGTH).reshape(-1)[0]),
+                        bool(result.as_numpy(names.IS_FINAL).reshape(-1)[0]))
+                yield outputs
         finally:
             if not ended:
                 responses.cancel()
@@ -119,7 +173,7 @@ class Ensemble:
 
 
 def api_error(e: TritonError, gen: Generation) -> ApiError:
-    """The ensemble's error as OpenAI's: 503 to retry (a full server, a model restarting, a
+    """The server's error as OpenAI's: 503 to retry (a full server, a model restarting, a
     server not answering), 400 naming the parameter for a refusal, 500 for the server's own."""
     message = e.message
     if names.UNAVAILABLE in message or e.status in ("StatusCode.UNAVAILABLE",

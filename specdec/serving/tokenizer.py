@@ -1,4 +1,5 @@
-"""The tokenizer of preprocessing and postprocessing, loaded without running any code.
+"""The tokenizer of preprocessing, postprocessing and the OpenAI gateway, loaded without running
+any code.
 
 A checkpoint directory is data, never a program: `trust_remote_code` stays off, so a
 tokenizer_config.json whose `auto_map` names a Python file is refused (or its class is taken
@@ -21,3 +22,16 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     if bos and bos_id is not None and text.startswith(bos) and ids[:2] == [bos_id, bos_id]:
         return ids[1:]
     return ids
+
+
+def stop_sequences(tokenizer, words: list[str]) -> list[list[int]]:
+    """The id sequences that end a generation at `words`. Stop words match on token ids: as
+    written, and as a word after a space, which byte-level and SentencePiece tokenizers spell
+    with other ids."""
+    def encode(t: str) -> list[int]:
+        return tokenizer(t, add_special_tokens=False)["input_ids"]
+    out = []
+    for word in words:
+        plain, spaced = encode(word), encode(" " + word)
+        out += [plain] if spaced == plain or word.startswith(" ") else [plain, spaced]
+    return out

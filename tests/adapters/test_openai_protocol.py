@@ -114,8 +114,13 @@ def test_a_tokenizer_without_a_template_refuses_chat():
      400, "messages"),
     ("in ensemble 'ensemble', stop_words: 70 words; at most 64", 400, "stop"),
     ("in ensemble 'ensemble', top_p: 0.0 is outside (0, 1]", 400, "top_p"),
-    ("in ensemble 'ensemble', CUDA out of memory", 500, None)])
-def test_the_ensembles_errors_in_openais_words(message, status, param):
+    ("in ensemble 'ensemble', CUDA out of memory", 500, None),
+    # as the orchestrator says them when called directly, as the gateway calls it
+    ("UNAVAILABLE: all 1 sequence slots stayed busy for 1.0s; retry later", 503, None),
+    ("max_tokens: 5000 is outside 1..1024", 400, "max_completion_tokens"),
+    ("input_ids: token ids must be within 0..4095", 400, "messages"),
+    ("CUDA out of memory", 500, None)])
+def test_the_servers_errors_in_openais_words(message, status, param):
     gen = chat(max_completion_tokens=5000)
     e = api_error(TritonError(message), gen)
     assert (e.status, e.param) == (status, param), e.body()

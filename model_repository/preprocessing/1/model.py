@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
-from specdec.serving.tokenizer import encode_prompt, load_tokenizer
+from specdec.serving.tokenizer import encode_prompt, load_tokenizer, stop_sequences
 from specdec.serving.requests import (check_prompt_tokens, check_sizes, parse_stop_words,
                                       parse_text)
 from specdec.serving.settings import RequestLimits, tokenizer_path
@@ -18,13 +18,6 @@ class TritonPythonModel:
         self.limits = RequestLimits.parse(params)
         self.tokenizer = load_tokenizer(tokenizer_path(params))
 
-    def _variants(self, word):
-        """Stop words match on token ids: as written, and as a word after a space, which
-        byte-level and SentencePiece tokenizers spell with other ids."""
-        encode = lambda t: self.tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
-        plain, spaced = encode(word), encode(" " + word)
-        return [plain] if spaced == plain or word.startswith(" ") else [plain, spaced]
-
     def execute(self, requests):
         return [self._one(r) for r in requests]
 
@@ -35,7 +28,7 @@ class TritonPythonModel:
             check_sizes(text, words, self.limits)
             ids = encode_prompt(self.tokenizer, text)
             check_prompt_tokens(len(ids), self.limits)
-            stops = [ids for w in words for ids in self._variants(w)]
+            stops = stop_sequences(self.tokenizer, words)
         except Exception as exc:
             return error_response(pb_utils, exc)
         out = {
