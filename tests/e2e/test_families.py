@@ -11,7 +11,7 @@ import transformers
 
 from specdec.config import ModelArgs
 from specdec_client import GenerationParams, generate
-from tests.e2e.conftest import heldout_prompts, launch
+from tests.e2e.conftest import heldout_prompts, launch, start_gateway
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import make_random_pair  # noqa: E402
@@ -50,7 +50,7 @@ def family_server(request, tmp_path_factory):
         yield request.param, target, server
 
 
-def test_real_shape_family_is_served_exactly(family_server):
+def test_real_shape_family_is_served_exactly(family_server, tmp_path_factory):
     family, target, server = family_server
     args = ModelArgs.from_dir(target)
     assert args.model_type == {"qwen3": "qwen3", "gemma3": "gemma3_text"}[family]
@@ -58,6 +58,7 @@ def test_real_shape_family_is_served_exactly(family_server):
     tokenizer = transformers.AutoTokenizer.from_pretrained(target)
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         target, dtype=torch.float32, attn_implementation="eager").eval()
+    wants = []
     for prompt in PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
         out = ref.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
@@ -70,3 +71,17 @@ def test_real_shape_family_is_served_exactly(family_server):
                 max_tokens=MAX_TOKENS, temperature=0.0, num_draft_tokens=k))
             assert got.text == want, (family, k, prompt)
             assert got.num_output_tokens == len(tokens)
+        wants.append(want)
+    # The OpenAI gateway tokenizes and detokenizes itself (docs/openai.md): the same text.
+    openai = pytest.importorskip("openai")
+    proc, url = start_gateway(server.grpc, target, tmp_path_factory)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        served = client.models.list().data[0].id
+        for prompt, want in zip(PROMPTS, wants):
+            r = client.completions.create(model=served, prompt=prompt, max_tokens=MAX_TOKENS,
+                                          temperature=0, extra_body={"num_draft_tokens": 4})
+            assert r.choices[0].text == want, (family, prompt)
+    finally:
+        proc.terminate()
+        proc.wait(30)
