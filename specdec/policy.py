@@ -300,10 +300,13 @@ class Adaptive(Policy):
         cap = self._cap(min(self.cap, limit))
         if EAGLE not in self.proposers or cap == 0:
             return 0
-        # One past the estimates' best, for the stretch and the probes; at least one, or a head
-        # that is off could never be probed.
+        # What the next round will take: the estimates' best, one more when that round
+        # stretches (its choice reaches one past the best); at least one, or a head that is off
+        # could never be probed. Every step drafted runs over the whole batch, so a step drafted
+        # every round for the one round in STRETCH_EVERY that uses it costs every row a step.
         k = _best(self.acceptance(EAGLE)[:cap], self.costs(), EAGLE)[0]
-        return min(cap, k + 1)
+        stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
+        return min(cap, max(1, k + stretches))
 
     def observe(self, r) -> None:
         super().observe(r)
