@@ -17,6 +17,9 @@ machine does not land on one setting):
            target-only, each auto and K=2,4 at 16 streams; hybrid auto (lookup, head and draft
            model per round; a server with a head defaulted to it before it measured below the
            head alone) at both
+  hybrid   the default pair's own default proposer (lookup where it has a match, else the
+           draft model, chosen per round): target-only, hybrid auto and K=2,4,6 at 1 stream;
+           target-only, hybrid auto and K=2,4 at 16 streams (--prompts-file picks the workload)
 poor, default and capped draft with the draft model only (proposer=draft), so they show the
 policy alone.
 
@@ -208,6 +211,9 @@ def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, i
                                      for k in (AUTO, 2, 4, 6)] + [(Setting(AUTO, "hybrid"), 1)]
         plan += [(TARGET_ONLY, 16)] + [(Setting(k, p), 16) for p in ("draft", "eagle")
                                        for k in (AUTO, 2, 4)] + [(Setting(AUTO, "hybrid"), 16)]
+    elif name == "hybrid":
+        plan = [(TARGET_ONLY, 1)] + [(Setting(k, "hybrid"), 1) for k in (AUTO, 2, 4, 6)]
+        plan += [(TARGET_ONLY, 16)] + [(Setting(k, "hybrid"), 16) for k in (AUTO, 2, 4)]
     elif name in ("repeat", "free"):
         plan = [(s, n) for n in (1, 4) for s in PROPOSERS]
         prompts = args.repeat_prompts if name == "repeat" else args.prompts_file

@@ -280,12 +280,16 @@ class Adaptive(Policy):
             if q == p:
                 self.off_rounds[q] = 0
                 continue
-            # A proposer offered but not chosen is tried now and then, or one that was never
-            # chosen would never be learned: a draft with one token, a lookup or a head (whose
-            # tokens cost only their verification now) with all it has. Only where a proposal
-            # that is always right would pay at all.
+            # A proposer that is off (its own estimate drafts nothing) is tried now and then,
+            # or it would never be learned again: a draft with one token, a lookup or a head
+            # (whose tokens cost only their verification now) with all it has; only where a
+            # proposal that is always right would pay at all. One that pays but was beaten this
+            # round is not: it is measured where it wins, and a probe would spend a round on
+            # what the estimates say is the lesser proposal (a lookup's text drafted with a
+            # draft model's BLS call for one token, every few rounds of copying).
             self.off_rounds[q] += 1
-            if self.off_rounds[q] >= self.probe_every[q] and _best([1.0] * kmax, costs, q)[0]:
+            if self.off_rounds[q] >= self.probe_every[q] and _best([1.0] * kmax, costs, q)[0] \
+                    and not _best(self.acceptance(q)[:kmax], costs, q)[0]:
                 self.off_rounds[q], self.probe = 0, q
                 k, p = (1 if q == DRAFT else kmax), q
                 break
