@@ -4,10 +4,11 @@ measured cost (estimates.py).
 Each round of each sequence takes the proposer and the k in 0..limit that maximize expected
 committed tokens per second, E(k) / T(k), with acceptance counted per sequence and proposer
 (prior: what the server has seen) and costs fitted online per load level (active sequences), so
-verification's growing cost under load lowers k by measurement. A proposer that stops paying is
-off (k = 0) for that sequence; probes of one token, ever rarer while they fail, turn it back on
-when the text becomes predictable. A draft model that fails (error, timeout, unavailable) is off
-for the whole server for a backoff period; one probe at a time then tests it.
+verification's growing cost under load lowers k by measurement; at load a row drafts at most one
+past the rows' mean k, since the batch costs what its widest row drafts. A proposer that stops
+paying is off (k = 0) for that sequence; probes of one token, ever rarer while they fail, turn it
+back on when the text becomes predictable. A draft model that fails (error, timeout,
+unavailable) is off for the whole server for a backoff period; one probe at a time then tests it.
 
 Policies by request:
 - `Fixed`: num_draft_tokens = k, exactly k (0: target only) while the draft is up and no
@@ -70,6 +71,7 @@ class Planner:
         self.probe_every, self.probe_max = probe_every, probe_max
         self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
         self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in PROPOSERS}
+        self.mean_k = float(max_k)   # k of the rounds that drafted, all rows (a moving average)
         self.costs = [Costs.prior(prior) for _ in range(_LEVELS)]
         self.frozen_costs = Costs.prior(prior)
         self.active = 0
@@ -122,6 +124,7 @@ class Planner:
                 self._draft_failed(policy)
             return
         if r.k:
+            self.mean_k += 0.02 * (r.k - self.mean_k)
             if r.proposer == DRAFT and (policy.probing_draft or self.failing):
                 self.failing = self.probing = policy.probing_draft = False
                 self.backoff = self.down_s
@@ -260,6 +263,7 @@ class Adaptive(Policy):
         cap = self._cap(cap)
         if cap == 0:
             return Choice(0)
+        cap = self._batch_cap(cap)
         costs = self.costs()
         best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
         offers, why = [], "no_match"
@@ -300,8 +304,17 @@ class Adaptive(Policy):
             k = min(k + 1, dict(offers)[p])
         return self._draft(k) if p == DRAFT else Choice(k, "", p)
 
+    def _batch_cap(self, cap: int) -> int:
+        """A batch costs what its widest row drafts and every row waits for it: a row that
+        trusts its proposal more than the others do theirs (a long lookup match) would widen
+        every row's verification for its own gain. At load a row drafts at most one past the
+        rows' mean k (one past, so that k can still grow)."""
+        if self.frozen or self.planner.active <= 1:
+            return cap
+        return min(cap, math.ceil(self.planner.mean_k) + 1)
+
     def lookahead(self, limit: int) -> int:
-        cap = self._cap(min(self.cap, limit))
+        cap = self._batch_cap(self._cap(min(self.cap, limit)))
         if EAGLE not in self.proposers or cap == 0:
             return 0
         # What the next round will take: the estimates' best, one more when that round
