@@ -266,7 +266,8 @@ class Adaptive(Policy):
         cap = self._batch_cap(cap)
         costs = self.costs()
         best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
-        offers, why = [], "no_match"
+        offers: dict[str, tuple[int, int]] = {}   # proposer -> (most it offers, its own best k)
+        why = "no_match"
         for p in self.proposers:
             kmax = min(cap, (available or {}).get(p, cap))
             if kmax == 0:
@@ -274,13 +275,13 @@ class Adaptive(Policy):
             if p == DRAFT and self.planner.draft_blocked(self):
                 why = "draft_down"
                 continue
-            offers.append((p, kmax))
             k, rate = _best(self.acceptance(p)[:kmax], costs, p)
+            offers[p] = (kmax, k)
             if k and rate > best_rate * (1 + 1e-9):
                 best_rate, best = rate, (k, p)
         self.probe = None
         k, p = best
-        for q, kmax in offers:
+        for q, (kmax, own) in offers.items():
             if q == p:
                 self.off_rounds[q] = 0
                 continue
@@ -292,8 +293,8 @@ class Adaptive(Policy):
             # what the estimates say is the lesser proposal (a lookup's text drafted with a
             # draft model's BLS call for one token, every few rounds of copying).
             self.off_rounds[q] += 1
-            if self.off_rounds[q] >= self.probe_every[q] and _best([1.0] * kmax, costs, q)[0] \
-                    and not _best(self.acceptance(q)[:kmax], costs, q)[0]:
+            if self.off_rounds[q] >= self.probe_every[q] and not own \
+                    and _best([1.0] * kmax, costs, q)[0]:
                 self.off_rounds[q], self.probe = 0, q
                 k, p = (1 if q == DRAFT else kmax), q
                 break
@@ -301,7 +302,7 @@ class Adaptive(Policy):
             return Choice(0, "acceptance" if offers else why)
         self.drafted_rounds += 1
         if self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
-            k = min(k + 1, dict(offers)[p])
+            k = min(k + 1, offers[p][0])
         return self._draft(k) if p == DRAFT else Choice(k, "", p)
 
     def _batch_cap(self, cap: int) -> int:
