@@ -136,9 +136,16 @@ def build_infer_inputs(prompt: str, params: GenerationParams | None = None,
             values[name] = [w.encode("utf-8") for w in value]
         else:
             values[name] = [value.encode("utf-8") if isinstance(value, str) else value]
+    return infer_inputs(values, INPUT_DATATYPES, ranks)
+
+
+def infer_inputs(rows: dict[str, list[Any]], datatypes: dict[str, str],
+                 ranks: dict[str, int] | None = None) -> list[Any]:
+    """A tritonclient.grpc InferInput per name, holding its row (strings already bytes) as
+    `datatypes` names it, shaped to the rank the model declares (absent: 1)."""
     inputs = []
-    for name, row in values.items():
-        datatype = INPUT_DATATYPES[name]
+    for name, row in rows.items():
+        datatype = datatypes[name]
         array = np.array(row, dtype=triton_to_np_dtype(datatype))
         array = array.reshape((1,) * ((ranks or {}).get(name, 1) - 1) + (len(row),))
         tensor = InferInput(name, list(array.shape), datatype)

@@ -23,8 +23,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
-
 from specdec import names
 from specdec.serving.detokenize import piece
 from specdec.serving.requests import InvalidInput, check_sizes
@@ -32,8 +30,8 @@ from specdec.serving.settings import RequestLimits
 from specdec.serving.tokenizer import encode_prompt, stop_sequences
 from specdec_client import GenerationParams
 from specdec_client.api import INPUT_DATATYPES, Collector
-from specdec_client.grpc_transport import (outputs_from_infer_result, parse_version,
-                                           stream_headers)
+from specdec_client.grpc_transport import (infer_inputs, outputs_from_infer_result,
+                                           parse_version, stream_headers)
 
 from .protocol import ApiError, Generation
 
@@ -43,9 +41,13 @@ RETRY_AFTER_S = "1"
 PARAMS = {names.TEMPERATURE: "temperature", names.TOP_P: "top_p", names.TOP_K: "top_k",
           names.SEED: "seed", names.NUM_DRAFT_TOKENS: "num_draft_tokens",
           names.STOP_WORDS: "stop", names.PROPOSER: "proposer"}
+# The orchestrator's inputs: the token ids preprocessing makes, and the ensemble's others.
+DATATYPES = {**INPUT_DATATYPES, names.INPUT_IDS: "INT32", names.STOP_IDS: "INT32",
+             names.STOP_LENGTHS: "INT32"}
 # "field: reason", as the orchestrator refuses a request (prefixed "in ensemble 'x', " by a
 # Triton ensemble).
 _REFUSAL = re.compile(r"(?:in ensemble '[^']*', )?(\w+): (.*)", re.S)
+
 
 class TritonError(Exception):
     def __init__(self, message: str, status: str | None = None):
@@ -96,29 +98,18 @@ class SpecDecoding:
                ranks: dict[str, int]) -> list[Any]:
         """The request's tensors, as preprocessing would hand them to the orchestrator; a
         request over the limits is refused before the tokenizer runs."""
-        from tritonclient.grpc import InferInput
-        from tritonclient.utils import triton_to_np_dtype
         fields = params.fields()
         words = fields.pop(names.STOP_WORDS, [])
         check_sizes(prompt, words, self.limits)
         stops = stop_sequences(self.tokenizer, words)
-        values: dict[str, tuple[list, str]] = {
-            names.INPUT_IDS: (encode_prompt(self.tokenizer, prompt), "INT32"),
-            names.STREAM: ([stream], "BOOL")}
+        rows: dict[str, list] = {names.INPUT_IDS: encode_prompt(self.tokenizer, prompt),
+                                 names.STREAM: [stream]}
         if stops:
-            values[names.STOP_IDS] = ([t for s in stops for t in s], "INT32")
-            values[names.STOP_LENGTHS] = ([len(s) for s in stops], "INT32")
+            rows[names.STOP_IDS] = [t for s in stops for t in s]
+            rows[names.STOP_LENGTHS] = [len(s) for s in stops]
         for name, value in fields.items():
-            values[name] = ([value.encode() if isinstance(value, str) else value],
-                            INPUT_DATATYPES[name])
-        tensors = []
-        for name, (row, datatype) in values.items():
-            array = np.array(row, dtype=triton_to_np_dtype(datatype))
-            array = array.reshape((1,) * (ranks.get(name, 1) - 1) + (len(row),))
-            tensor = InferInput(name, list(array.shape), datatype)
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        return tensors
+            rows[name] = [value.encode() if isinstance(value, str) else value]
+        return infer_inputs(rows, DATATYPES, ranks)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
