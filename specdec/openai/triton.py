@@ -25,9 +25,9 @@ from typing import Any
 
 from specdec import names
 from specdec.serving.detokenize import piece
-from specdec.serving.requests import InvalidInput, check_sizes
+from specdec.serving.requests import InvalidInput
 from specdec.serving.settings import RequestLimits
-from specdec.serving.tokenizer import encode_prompt, stop_sequences
+from specdec.serving.tokenizer import decode_ids, encode_request
 from specdec_client import GenerationParams
 from specdec_client.api import INPUT_DATATYPES, Collector
 from specdec_client.grpc_transport import (infer_inputs, outputs_from_infer_result,
@@ -99,20 +99,17 @@ class SpecDecoding:
         """The request's tensors, as preprocessing would hand them to the orchestrator; a
         request over the limits is refused before the tokenizer runs."""
         fields = params.fields()
-        words = fields.pop(names.STOP_WORDS, [])
-        check_sizes(prompt, words, self.limits)
-        stops = stop_sequences(self.tokenizer, words)
-        rows: dict[str, list] = {names.INPUT_IDS: encode_prompt(self.tokenizer, prompt),
-                                 names.STREAM: [stream]}
-        if stops:
-            rows[names.STOP_IDS] = [t for s in stops for t in s]
-            rows[names.STOP_LENGTHS] = [len(s) for s in stops]
+        ids, stop_ids, stop_lengths = encode_request(
+            self.tokenizer, prompt, fields.pop(names.STOP_WORDS, []), self.limits)
+        rows: dict[str, list] = {names.INPUT_IDS: ids, names.STREAM: [stream]}
+        if stop_ids:
+            rows[names.STOP_IDS], rows[names.STOP_LENGTHS] = stop_ids, stop_lengths
         for name, value in fields.items():
             rows[name] = [value.encode() if isinstance(value, str) else value]
         return infer_inputs(rows, DATATYPES, ranks)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return decode_ids(self.tokenizer, ids)
 
     async def generate(self, prompt: str, params: GenerationParams,
                        stream: bool) -> AsyncIterator[dict[str, Any]]:

@@ -24,6 +24,11 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def decode_ids(tokenizer, ids: list[int]) -> str:
+    """Output ids as text, as every response shows it (special tokens left out)."""
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def stop_sequences(tokenizer, words: list[str]) -> list[list[int]]:
     """The id sequences that end a generation at `words`. Stop words match on token ids: as
     written, and as a word after a space, which byte-level and SentencePiece tokenizers spell
@@ -35,3 +40,16 @@ def stop_sequences(tokenizer, words: list[str]) -> list[list[int]]:
         plain, spaced = encode(word), encode(" " + word)
         out += [plain] if spaced == plain or word.startswith(" ") else [plain, spaced]
     return out
+
+
+def encode_request(tokenizer, text: str, words: list[str],
+                   limits) -> tuple[list[int], list[int], list[int]]:
+    """What preprocessing hands the orchestrator: (prompt ids, stop ids, stop lengths); a
+    request over `limits` (settings.RequestLimits) is refused (InvalidInput) before the
+    tokenizer runs, or right after it for the prompt's tokens."""
+    from .requests import check_prompt_tokens, check_sizes
+    check_sizes(text, words, limits)
+    ids = encode_prompt(tokenizer, text)
+    check_prompt_tokens(len(ids), limits)
+    stops = stop_sequences(tokenizer, words)
+    return ids, [t for s in stops for t in s], [len(s) for s in stops]

@@ -8,7 +8,7 @@ from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
 from specdec.serving.detokenize import piece
 from specdec.serving.settings import tokenizer_path
-from specdec.serving.tokenizer import load_tokenizer
+from specdec.serving.tokenizer import decode_ids, load_tokenizer
 
 
 class TritonPythonModel:
@@ -17,7 +17,7 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(path)
 
     def _decode(self, ids):
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return decode_ids(self.tokenizer, ids)
 
     def execute(self, requests):
         responses = []

@@ -6,9 +6,8 @@ import triton_python_backend_utils as pb_utils
 
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
-from specdec.serving.tokenizer import encode_prompt, load_tokenizer, stop_sequences
-from specdec.serving.requests import (check_prompt_tokens, check_sizes, parse_stop_words,
-                                      parse_text)
+from specdec.serving.requests import parse_stop_words, parse_text
+from specdec.serving.tokenizer import encode_request, load_tokenizer
 from specdec.serving.settings import RequestLimits, tokenizer_path
 
 
@@ -24,16 +23,13 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             inputs = read_inputs(pb_utils, request, (names.TEXT_INPUT, names.STOP_WORDS))
-            text, words = parse_text(inputs), parse_stop_words(inputs)
-            check_sizes(text, words, self.limits)
-            ids = encode_prompt(self.tokenizer, text)
-            check_prompt_tokens(len(ids), self.limits)
-            stops = stop_sequences(self.tokenizer, words)
+            ids, stop_ids, stop_lengths = encode_request(
+                self.tokenizer, parse_text(inputs), parse_stop_words(inputs), self.limits)
         except Exception as exc:
             return error_response(pb_utils, exc)
         out = {
             names.INPUT_IDS: np.array(ids, np.int32),
-            names.STOP_IDS: np.array([t for s in stops for t in s], np.int32),
-            names.STOP_LENGTHS: np.array([len(s) for s in stops], np.int32),
+            names.STOP_IDS: np.array(stop_ids, np.int32),
+            names.STOP_LENGTHS: np.array(stop_lengths, np.int32),
         }
         return pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in out.items()])
