@@ -290,8 +290,7 @@ class Engine:
             if fault is not None:
                 raise fault
             proposals = self.head.draft(
-                [c.seq_id for c in sub], features[idx], batch.tokens[idx],
-                [len(c.tokens) + len(c.drafts) for c in sub], [c.start for c in sub],
+                [c.seq_id for c in sub], features[idx], batch.tokens[idx], [c.start for c in sub],
                 [slots[b] for b in rows], ends, nxt[idx], ks,
                 BatchSampling.stack([c.sampling for c in sub], self.device),
                 [c.sampling.greedy for c in sub])

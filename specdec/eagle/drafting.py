@@ -4,10 +4,10 @@ then draft the next round's tokens.
 After the target has verified row b (its forward covered tokens + drafts from position start_b;
 m_b drafts accepted; x_b the target's own next token), the committed positions now cached are
 start_b .. N_b - 1 with N_b = start_b + len(tokens_b) + m_b. The head caches one pair per
-position: (the target's features there, the token one further), the last pair's token being x_b.
-Its output at position N_b - 1 drafts d_1; step j feeds (its previous output, d_j) at position
-N_b - 1 + j. Positions past N_b - 1 hold rejected or drafted pairs, masked by the slot's length
-until overwritten, exactly as the target's cache.
+committed position (not the rejected drafts'): (the target's features there, the token one
+further), the last pair's token being x_b. Its output at position N_b - 1 drafts d_1; step j
+feeds (its previous output, d_j) at position N_b - 1 + j. Positions past N_b - 1 hold drafted
+pairs, masked by the slot's length until overwritten, exactly as the target's cache.
 """
 from __future__ import annotations
 
@@ -56,15 +56,15 @@ class HeadDrafter:
         self.q.pop(seq_id, None)
 
     def draft(self, seq_ids: list[int], features: torch.Tensor, rows: torch.Tensor,
-              lengths: list[int], starts: list[int], slots: list[int], ends: list[int],
+              starts: list[int], slots: list[int], ends: list[int],
               nxt: torch.Tensor, ks: list[int], s: BatchSampling,
               greedy: list[bool]) -> list[list[int]]:
         """Catch up and draft, for rows that use the head.
 
         features: [B, T, A * Ht] the target's captured layers over its forward; rows: [B, T] the
-        forward's tokens (committed + drafts); lengths: tokens each row fed; starts, slots: as
-        the forward's; ends: N_b, committed positions now cached; nxt: [B] the target's token;
-        ks: tokens to draft per row (0: catch up only); s, greedy: the rows' sampling.
+        forward's tokens (committed + drafts); starts, slots: as the forward's; ends: N_b,
+        committed positions now cached; nxt: [B] the target's token; ks: tokens to draft per
+        row (0: catch up only); s, greedy: the rows' sampling.
         Returns each row's drafted target ids ([] where k is 0); sampled rows' q are kept.
         """
         head, dev = self.head, self.device
@@ -73,8 +73,13 @@ class HeadDrafter:
         last = ends_t - torch.tensor(starts, device=dev) - 1                           # [B]
         # Pair tokens: one position ahead of the features, x_b at the last committed position.
         ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
-        batch = Batch.build(ahead, starts, slots, self.cache, dev, lengths)
-        h = self._forward(batch, head.fc(features.to(head.fc.weight.dtype)))        # [B, T, H]
+        # Only the committed positions: a rejected draft's pair would be masked until
+        # overwritten, and on a compute-bound device it costs as much as a kept one.
+        need = [e - s for e, s in zip(ends, starts)]
+        t = max(need)
+        batch = Batch.build(ahead[:, :t], starts, slots, self.cache, dev, need)
+        feature = head.fc(features[:, :t].to(head.fc.weight.dtype))                  # [B, t, H]
+        h = self._forward(batch, feature)
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
         k_max = max(ks)
         if k_max == 0:

@@ -108,6 +108,30 @@ def test_sampled_proposal_whose_q_is_gone_is_not_verified(small_pair):
     assert again.num_accepted == 0 and len(again.tokens) == 1 and len(again.proposal) == 2
 
 
+def test_the_head_catches_up_on_committed_positions_only(small_pair):
+    """A verification of k drafts of which m are accepted caches the head's pairs for the
+    committed token and the m accepted drafts, not for the rejected ones (on a compute-bound
+    device they cost as much), and its proposal equals the one it makes after a verification
+    that carried only the accepted drafts."""
+    engine = eagle_engine(small_pair[0], max_len=32)
+    widths = []
+    forward = engine.head._forward
+    engine.head._forward = lambda batch, feature: widths.append(batch.tokens.shape[1]) or \
+        forward(batch, feature)
+    greedy = SamplingParams()
+    first = engine.verify([VerifyCall(1, 0, PROMPT, [], None, greedy, next_k=3)])[0]
+    n = len(PROMPT)
+    target = engine.verify([VerifyCall(2, 0, PROMPT + first.tokens, [], None, greedy)])[0]
+    drafts = target.tokens + [(target.tokens[0] + 1) % 5] * 3     # one right, three wrong
+    widths.clear()
+    v = engine.verify([VerifyCall(1, n, first.tokens, drafts, None, greedy, next_k=3)])[0]
+    assert v.num_accepted == 1 and widths[0] == 2          # 1 committed + 1 accepted, not 5
+    engine.verify([VerifyCall(3, 0, PROMPT, [], None, greedy, next_k=3)])
+    alone = engine.verify([VerifyCall(3, n, first.tokens, drafts[:1], None, greedy,
+                                      next_k=3)])[0]
+    assert alone.tokens == v.tokens and alone.proposal == v.proposal
+
+
 @pytest.fixture(scope="module")
 def head_dir(pair_dir, tmp_path_factory):
     return trained_head_dir(pair_dir[0], tmp_path_factory.mktemp("head") / "head")
