@@ -10,6 +10,7 @@ real-shape checkpoints of every supported family that the tests load.
     .venv/bin/python benchmarks/make_random_pair.py --out /tmp/rp --scale 0.0625   # a small test
     .venv/bin/python benchmarks/make_random_pair.py --out /tmp/q3 --target qwen3-8b \
         --draft qwen3-0.6b --scale 0.125
+    .venv/bin/python benchmarks/make_random_pair.py --out /tmp/rp --head   # + OUT/eagle
 
 Presets (`--target`/`--draft`) are the published config.json values of: llama-8b
 (Llama-3.1-8B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b, gemma2-9b, gemma2-2b (Gemma 2),
@@ -28,6 +29,11 @@ its ids (4096 of them) are all valid inputs; ids the model emits beyond them dec
 so the generated text is mostly empty while token counts and timings are exact. `--readable`
 zeroes the output rows of those ids (the LM head, or the tied embeddings, whose rows past the
 tokenizer are never an input): greedy output then decodes to text, the shapes stay real.
+
+`--head` also writes OUT/eagle: an EAGLE-3 head for the target in the speculators format, at the
+shape the published heads have (for Llama-3.1-8B: one layer at the target's width whose
+attention reads 2 x 4096, the target's MLP width, a 32000-id draft vocabulary, the target's
+embeddings), random weights: its costs are real, its acceptance is not.
 """
 from __future__ import annotations
 
@@ -245,6 +251,42 @@ def write_model(out: Path, cfg: dict, tokenizer_from: Path, seed: int, shard_byt
     return total
 
 
+def write_head(out: Path, target: Path, seed: int) -> int:
+    """A random-weight EAGLE-3 head for the checkpoint in `target`, as `specdec distill --method
+    eagle3` shapes one by default (its draft vocabulary: the first ids). Returns its bytes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from torch import nn
+
+    from specdec.config import ModelArgs
+    from specdec.distill.eagle3 import default_draft_vocab, head_layer_args
+    from specdec.eagle.checkpoint import save_speculators
+    from specdec.eagle.config import SPECULATORS, HeadArgs, default_aux_layers
+    from specdec.eagle.head import EagleHead
+
+    t = ModelArgs.from_dir(target)
+    aux = default_aux_layers(t.num_layers) if t.num_layers >= 8 else (0, t.num_layers // 2,
+                                                                       t.num_layers - 1)
+    h = HeadArgs(head_layer_args(t), default_draft_vocab(t.vocab_size), t.hidden_size, aux,
+                 False, SPECULATORS)
+    with torch.device("meta"):
+        head = EagleHead(h)
+    gen = torch.Generator().manual_seed(seed)
+    for name, module in head.named_children():
+        if name != "embed_tokens":       # not written: the target's
+            module.to_empty(device="cpu")
+    with torch.no_grad():
+        for m in head.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0.0, 0.02, generator=gen)
+            elif hasattr(m, "weight") and m.weight.dim() == 1:
+                m.weight.fill_(1.0)
+    head.d2t = torch.zeros(h.draft_vocab_size, dtype=torch.int64)
+    save_speculators(head, out, str(target), dtype=torch.bfloat16, embeddings=False,
+                     verifier_architectures=json.loads(
+                         (target / "config.json").read_text()).get("architectures"))
+    return (out / "model.safetensors").stat().st_size
+
+
 def tokenizer_size(path: Path) -> int:
     from transformers import AutoTokenizer
 
@@ -263,6 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer-from", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--readable", action="store_true",
                     help="zero the output rows of ids past the copied tokenizer's")
+    ap.add_argument("--head", action="store_true",
+                    help="also write OUT/eagle, an EAGLE-3 head for the target (random weights)")
     ap.add_argument("--shard-gb", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -290,6 +334,11 @@ def main(argv=None) -> int:
                                              "intermediate_size", "vocab_size")}}
         print(f"{args.out / role}: {preset} x{args.scale}, {size / 2 / 1e9:.3f} B params, "
               f"{size / 2**30:.2f} GiB bf16", file=sys.stderr, flush=True)
+    if args.head:
+        size = write_head(args.out / "eagle", args.out / "target", args.seed + 2)
+        meta["eagle"] = {"bytes": size}
+        print(f"{args.out / 'eagle'}: EAGLE-3 head, {size / 2**30:.2f} GiB bf16", file=sys.stderr,
+              flush=True)
     (args.out / "random_pair.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return 0

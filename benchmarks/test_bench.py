@@ -135,3 +135,39 @@ def test_concurrency_row_aggregates_over_the_wall_time():
     assert row["tokens_per_s"] == 10.0                  # per stream: 40 tokens / 4 s busy
     assert row["aggregate_tokens_per_s"] == 20.0        # 40 tokens / 2 s wall
     assert (row["acceptance_rate"], row["mean_k_drafted"], row["rounds"]) == (0.5, 2.0, 20.0)
+
+
+def test_random_head_and_the_costs_script_on_a_scaled_pair(tmp_path, capsys):
+    """make_random_pair --head writes a speculators head the engine loads beside its target (the
+    published Llama-3.1-8B head's draft vocabulary, aux layers, width), and costs.py measures
+    every figure it reports on that pair: what a lent GPU will run, at a CPU's size."""
+    import costs
+    import torch
+    from specdec.eagle.checkpoint import load_head
+    from specdec.weights import load_model
+
+    pair = tmp_path / "rp"
+    assert make_random_pair.main(["--out", str(pair), "--scale", "0.0625", "--head"]) == 0
+    cfg = json.loads((pair / "eagle" / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["draft_vocab_size"] == 32000
+    model = load_model(str(pair / "target"), torch.float32, torch.device("cpu"))
+    head = load_head(pair / "eagle", model, torch.float32, torch.device("cpu"))
+    assert head.fc.in_features == 3 * model.args.hidden_size
+    assert head.lm_head.weight.shape == (32000, model.args.hidden_size)
+
+    out = tmp_path / "costs.json"
+    assert costs.main(["--pair", str(pair), "--batches", "1,2", "--ks", "1,3", "--context", "24",
+                       "--calls", "2", "--warmup", "1", "--threads", "1",
+                       "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["CUDA graphs off"]
+    for b in ("1", "2"):
+        r = runs["CUDA graphs off"][b]
+        assert r["step_ms"] > 0 and set(r["verify_steps"]) == {"1", "3"}
+        assert all(v > 0 for v in r["propose_ms"].values())
+        assert all(v > 0 for v in r["head_verify_ms"].values())
+        assert {"draft_per_token_steps", "head_per_token_steps"} <= set(r)
+        assert set(r["implied"]["draft"]) == {"0.6", "0.7", "0.8"}
+        assert set(r["implied"]["head"]) == {"2.5", "3.0", "3.5"}
+    printed = capsys.readouterr().out
+    assert "head: fixed + per token" in printed and "implied (not measured)" in printed

@@ -53,6 +53,9 @@ def _common(args, target: ModelArgs, device: torch.device, sources: dict, histor
         "machine": machine(device),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "device": str(device),
+        # the run's high-water mark on the GPU (training and measurement): what it needs there
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+        else None,
         "target": {"path": str(args.target), **model_summary(target)},
     }
     best_figures = {"best_k": best, "a_best_k": per_k[best]["a"],

@@ -1,0 +1,313 @@
+"""What each engine call costs at a pair's shape, in this process, on this device: the target's
+one-token step, its verification of K drafts, the draft model's proposal of K tokens and the
+EAGLE-3 head's catch-up and K drafts inside a verification; at several batch sizes, with and
+without CUDA graphs (on CUDA). Then the speedups those costs imply at given acceptance, marked
+as implied: with random weights (benchmarks/make_random_pair.py) acceptance means nothing, the
+costs are real. In process: a server round adds its BLS calls and the orchestrator.
+
+    .venv/bin/python benchmarks/costs.py                       # the default pair and head, CPU
+    python3 benchmarks/make_random_pair.py --out /tmp/rp --head  # Llama-3.1-8B/3.2-1B shapes
+    python3 benchmarks/costs.py --pair /tmp/rp --batches 1,4,16 --json $OUT/costs.json
+
+Every timed call is greedy on rows of `--context` cached tokens, rolled back to the same place
+before each call, its drafts the target's own greedy continuation (all accepted: the head then
+catches up K + 1 positions, its most). Ratios are to the one-token step at the same batch:
+verify(K) = the verification's cost in steps; the draft model's proposal and the head's part of
+a verification (with the head's catch-up and K drafts, less the plain verification) as a
+least-squares line over K, in steps: fixed + per drafted token (the per-token part is c).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from inputs import DEFAULT_DRAFT, DEFAULT_TARGET, ROOT
+from machine import git_state, machine
+
+sys.path.insert(0, str(ROOT))
+
+from specdec.eagle.checkpoint import load_head  # noqa: E402
+from specdec.engine import Engine, ProposeCall, VerifyCall  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.weights import load_model  # noqa: E402
+
+GREEDY = SamplingParams()
+DEFAULT_HEAD = ROOT / "models" / "default" / "eagle"
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+class Timer:
+    def __init__(self, device: torch.device, warmup: int, calls: int):
+        self.device, self.warmup, self.calls = device, warmup, calls
+
+    def __call__(self, fn) -> float:
+        """Median milliseconds of fn() after `warmup` calls, the device synchronized around
+        each call."""
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.calls):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+class Rows:
+    """B sequences of `context` cached tokens, their next token and greedy continuation."""
+
+    def __init__(self, engine: Engine, first_id: int, b: int, context: int, k_max: int,
+                 vocab: int, seed: int, head: bool):
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = list(range(first_id, first_id + b))
+        self.context = context
+        nk = 1 if head else None
+        prompts = [torch.randint(1, vocab, (context,), generator=gen).tolist() for _ in self.ids]
+        out = engine.verify([VerifyCall(s, 0, p, [], None, GREEDY, next_k=nk)
+                             for s, p in zip(self.ids, prompts)])
+        self.next = [v.tokens[0] for v in out]
+        conts = [[] for _ in self.ids]
+        last = list(self.next)
+        for j in range(k_max):    # one token at a time: the continuation the drafts will be
+            out = engine.verify([VerifyCall(s, context + j, [t], [], None, GREEDY, next_k=nk)
+                                 for s, t in zip(self.ids, last)])
+            last = [v.tokens[0] for v in out]
+            for c, t in zip(conts, last):
+                c.append(t)
+        self.conts = conts
+
+    def verify(self, engine: Engine, k: int, next_k: int | None = None):
+        return engine.verify([VerifyCall(s, self.context, [t], c[:k], None, GREEDY,
+                                         next_k=next_k)
+                              for s, t, c in zip(self.ids, self.next, self.conts)])
+
+
+def target_costs(model, head, args, device: torch.device, graphs: bool, timer: Timer) -> dict:
+    """Per batch size: the one-token step (ms), verify(K) in steps, and with a head its part of
+    the verification. The plain engine first: the head's engine makes the model capture."""
+    max_len = args.context + 3 * max(args.ks) + 4
+    out = _plain(Engine(model, max(args.batches), max_len, device, cuda_graphs=graphs), args,
+                 timer)
+    if head is not None:
+        try:
+            _fused(Engine(model, max(args.batches), max_len, device, cuda_graphs=graphs,
+                          head=head), args, timer, out)
+        finally:
+            model.capture = ()
+    return out
+
+
+def _plain(engine: Engine, args, timer: Timer) -> dict:
+    out = {}
+    for b in args.batches:
+        rows = Rows(engine, 1, b, args.context, max(args.ks), args.vocab, args.seed + b, False)
+        step = timer(lambda: rows.verify(engine, 0))
+        verify = {k: timer(lambda k=k: rows.verify(engine, k)) for k in args.ks}
+        out[b] = {"step_ms": step, "verify_ms": verify,
+                  "verify_steps": {k: v / step for k, v in verify.items()}}
+        engine.release(rows.ids)
+    return out
+
+
+def _fused(engine: Engine, args, timer: Timer, out: dict) -> None:
+    k_max = max(args.ks)
+    for b in args.batches:
+        rows = Rows(engine, 1, b, args.context, k_max, args.vocab, args.seed + b, True)
+        assert all(r.num_accepted == k_max for r in rows.verify(engine, k_max)), \
+            "the head's engine must accept the target's own continuation"
+        out[b]["head_verify_ms"] = {k: timer(lambda k=k: rows.verify(engine, k, k))
+                                    for k in args.ks}
+        engine.release(rows.ids)
+
+
+def draft_costs(draft, args, device: torch.device, graphs: bool, timer: Timer) -> dict:
+    """Per batch size: the proposal of K tokens (ms), rows rolled back to `context` each time."""
+    b_max, k_max = max(args.batches), max(args.ks)
+    engine = Engine(draft, b_max, args.context + 2 * k_max + 2, device, vocab_size=args.vocab,
+                    cuda_graphs=graphs)
+    gen = torch.Generator().manual_seed(args.seed)
+    out = {}
+    for b in args.batches:
+        ids = list(range(1, b + 1))
+        prompts = [torch.randint(1, args.vocab, (args.context,), generator=gen).tolist()
+                   for _ in ids]
+        engine.propose([ProposeCall(s, 0, p, 1, GREEDY) for s, p in zip(ids, prompts)])
+        n = args.context
+
+        def propose(k):
+            return engine.propose([ProposeCall(s, n - 1, [p[-1]], k, GREEDY)
+                                   for s, p in zip(ids, prompts)])
+        out[b] = {"propose_ms": {k: timer(lambda k=k: propose(k)) for k in args.ks}}
+        engine.release(ids)
+    return out
+
+
+def line(points: dict[int, float]) -> tuple[float, float]:
+    """Least-squares (fixed, per K) of a cost against K."""
+    ks, ys = list(points), list(points.values())
+    if len(ks) < 2:
+        return 0.0, ys[0] / ks[0]
+    mk, my = statistics.fmean(ks), statistics.fmean(ys)
+    slope = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / sum((k - mk) ** 2 for k in ks)
+    return my - slope * mk, slope
+
+
+def fits(row: dict) -> None:
+    """In target steps: the draft model's proposal and the head's drafting as a fixed part (the
+    call, the head's catch-up) plus a part per drafted token."""
+    step = row["step_ms"]
+    if "propose_ms" in row:
+        f, per = line(row["propose_ms"])
+        row["draft_fixed_steps"], row["draft_per_token_steps"] = f / step, per / step
+    if "head_verify_ms" in row:
+        extra = {k: row["head_verify_ms"][k] - row["verify_ms"][k] for k in row["verify_ms"]}
+        f, per = line(extra)
+        row["head_fixed_steps"], row["head_per_token_steps"] = f / step, per / step
+
+
+def implied(row: dict, ks: list[int], acceptances: list[float], lengths: list[float]) -> dict:
+    """Speedups over the target alone in process that the costs imply (not measured): the draft
+    model at acceptance a per token (its best K; tokens a round (1 - a^(K+1)) / (1 - a)); the
+    head at L tokens a round (committed, bonus included), at each K."""
+    out = {}
+    if "propose_ms" in row:
+        c = {k: row["propose_ms"][k] / row["step_ms"] for k in ks}      # steps per proposal
+        best = {}
+        for a in acceptances:
+            s = {k: (1 - a ** (k + 1)) / (1 - a) / (row["verify_steps"][k] + c[k]) for k in ks}
+            k = max(s, key=s.get)
+            best[a] = {"k": k, "speedup": s[k]}
+        out["draft"] = best
+    if "head_verify_ms" in row:
+        out["head"] = {length: {k: length / (row["head_verify_ms"][k] / row["step_ms"])
+                                for k in ks} for length in lengths}
+    return out
+
+
+def table(results: dict, args) -> str:
+    lines = []
+    for key, per_b in results["runs"].items():
+        lines.append(f"\n{key}")
+        head = any("head_verify_ms" in r for r in per_b.values())
+        cols = ["batch", "step ms"] + [f"verify K={k}" for k in args.ks] + \
+            ["draft: fixed + per token"] + (["head: fixed + per token"] if head else [])
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "---:|" * len(cols))
+        for b, r in per_b.items():
+            cells = [str(b), f"{r['step_ms']:.3f}"]
+            cells += [f"{r['verify_steps'][k]:.2f}" for k in args.ks]
+            for who in ("draft",) + (("head",) if head else ()):
+                cells.append(f"{r[who + '_fixed_steps']:.3f} + {r[who + '_per_token_steps']:.3f}"
+                             if who + "_fixed_steps" in r else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("implied (not measured), in process:")
+        for b, r in per_b.items():
+            imp = r["implied"]
+            parts = []
+            if "draft" in imp:
+                parts.append("draft " + ", ".join(
+                    f"a={a}: {v['speedup']:.2f}x (K={v['k']})" for a, v in imp["draft"].items()))
+            if "head" in imp:
+                k = args.head_k if args.head_k in args.ks else args.ks[-1]
+                parts.append(f"head K={k} " + ", ".join(
+                    f"L={length}: {v[k]:.2f}x" for length, v in imp["head"].items()))
+            lines.append(f"  batch {b}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", type=Path,
+                    help="a directory with target/, draft/ and optionally eagle/ "
+                         "(make_random_pair.py --head); else --target, --draft, --head")
+    ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
+    ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    ap.add_argument("--head", type=Path, default=DEFAULT_HEAD, help="'none': no head")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                    default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU")
+    ap.add_argument("--batches", type=_ints, default=[1, 4, 16])
+    ap.add_argument("--ks", type=_ints, default=list(range(1, 9)), help="drafts per round")
+    ap.add_argument("--context", type=int, default=512, help="cached tokens per row")
+    ap.add_argument("--graphs", default="auto", choices=("auto", "on", "off", "both"),
+                    help="CUDA graphs; auto: both on CUDA, off on the CPU")
+    ap.add_argument("--calls", type=int, default=30, help="timed calls per figure (median)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, help="torch threads on the CPU")
+    ap.add_argument("--acceptance", type=_floats, default=[0.6, 0.7, 0.8])
+    ap.add_argument("--lengths", type=_floats, default=[2.5, 3.0, 3.5],
+                    help="the head's tokens per round for its implied speedups")
+    ap.add_argument("--head-k", type=int, default=4, help="the K the table's head line uses")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    args = ap.parse_args(argv)
+    if args.pair:
+        args.target, args.draft = args.pair / "target", args.pair / "draft"
+        args.head = args.pair / "eagle" if (args.pair / "eagle").is_dir() else Path("none")
+    args.ks = sorted(set(args.ks))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+             "float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[args.dtype]
+    settings = {"auto": [False, True] if device.type == "cuda" else [False], "on": [True],
+                "off": [False], "both": [False, True]}[args.graphs]
+    t0 = time.perf_counter()
+    model = load_model(str(args.target), dtype, device)
+    args.vocab = model.args.vocab_size
+    head = None if str(args.head) == "none" else load_head(args.head, model, dtype, device)
+    draft = None if str(args.draft) == "none" else load_model(str(args.draft), dtype, device)
+    print(f"loaded in {time.perf_counter() - t0:.0f} s on {_device_name(device)}, {dtype}",
+          file=sys.stderr, flush=True)
+    timer = Timer(device, args.warmup, args.calls)
+    results = {"device": _device_name(device), "dtype": str(dtype).removeprefix("torch."),
+               "target": str(args.target), "draft": str(args.draft), "head": str(args.head),
+               "context": args.context, "calls": args.calls, "machine": machine(),
+               "git": git_state(), "runs": {}}
+    for graphs in settings:
+        key = f"CUDA graphs {'on' if graphs else 'off'}"
+        t1 = time.perf_counter()
+        per_b = target_costs(model, head, args, device, graphs, timer)
+        if draft is not None:
+            for b, r in draft_costs(draft, args, device, graphs, timer).items():
+                per_b[b].update(r)
+        for r in per_b.values():
+            fits(r)
+            r["implied"] = implied(r, args.ks, args.acceptance, args.lengths)
+        results["runs"][key] = per_b
+        print(f"{key}: {time.perf_counter() - t1:.0f} s", file=sys.stderr, flush=True)
+    if device.type == "cuda":
+        results["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results, args))
+    return 0
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else machine()["cpu"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU checklist (../shared/GPU.md, items 1, 2, 4 and 5) on a lent GPU machine, nothing
+# downloaded: its python3 has torch, transformers, safetensors and pytest, and the models are
+# random weights at Llama-3.1-8B / Llama-3.2-1B / the published 8B EAGLE-3 head's shapes
+# (acceptance means nothing; the costs are real). Figures and logs go to $OUT (else gpu-out/).
+#
+#   bash benchmarks/gpu_checklist.sh costs     # items 1, 2, 4: about 6 minutes on an H100
+#   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
+#
+# Each part writes its own models, so each fits one call of the device tool (10 minutes).
+# Item 3 (the same through tritonserver) needs the nvidia-pytriton wheel carried beside the
+# checkout, which with it passes the tool's 64 MiB: not here.
+set -uo pipefail
+part=${1:-costs}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+py=${PYTHON:-python3}
+pair=${PAIR:-/tmp/specdec-random-8b}
+scale=${SCALE:-1}    # a dry run on a CPU: SCALE=0.0625
+stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
+git log -1 --format='commit %H %cI' 2>/dev/null | tee -a "$out/gpu.txt"
+
+case $part in
+costs)
+    # 1. CUDA correctness: captured graphs keep greedy output exact (draft, target, head), the
+    #    flash-attn reference (where installed), the fast paths beside the eager ones.
+    stamp "core tests on CUDA"
+    timeout 180 $py -m pytest -q -p no:cacheprovider tests/core/test_fast_paths.py \
+        tests/core/test_speculative_eagle.py 2>&1 | tee "$out/core-tests.log" | tail -8
+    # 2 and 4: the pair and a head at real shapes; their costs in process.
+    stamp "random pair and head"
+    timeout 240 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head 2>&1 | tail -4
+    stamp "costs"
+    timeout 300 $py benchmarks/costs.py --pair "$pair" --json "$out/costs.json" \
+        2>&1 | tee "$out/costs.md"
+    ;;
+distill)
+    # 5. `specdec distill --method eagle3` at an 8B target: seconds per step and the peak GPU
+    #    memory (distill_report.json: training.seconds, peak_gpu_bytes) against docs/distill.md's
+    #    estimate. Few steps and prompts: the rate, not a head.
+    stamp "random target"
+    timeout 200 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" 2>&1 | tail -2
+    stamp "distill"
+    timeout 330 $py -m specdec.cli distill --method eagle3 --target "$pair/target" \
+        --out /tmp/specdec-head-8b --gen-sequences 64 --gen-tokens 64 --steps 12 \
+        --checkpoint-every 1000 --eval-prompts 4 --eval-tokens 32 --overwrite \
+        2>&1 | tee "$out/distill.log" | tail -12
+    cp /tmp/specdec-head-8b/distill_report.json "$out/distill-report.json" 2>/dev/null
+    ;;
+*)
+    echo "usage: $0 costs|distill" >&2
+    exit 2
+    ;;
+esac
+stamp "done"
