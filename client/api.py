@@ -264,9 +264,9 @@ class TextStream(Iterator[str]):
     Iterating yields non-empty pieces; once the server's last response is read,
     ``result`` holds the Result. ``cancel()`` (from any thread, or by leaving a
     ``with`` block early) cancels the request and ends the iteration with
-    finish_reason "cancelled". Through the ensemble, the server's generation
-    still runs to its end: Triton checks an ensemble's cancellation only
-    between its steps (README, "How it works").
+    finish_reason "cancelled"; the server ends the generation at its next
+    round and frees its slots (through the ensemble too: README, "How it
+    works").
     """
 
     def __init__(self, collector: Collector, streamed: bool) -> None:

@@ -56,6 +56,11 @@ STOP_LENGTHS = "stop_lengths"      # preprocessing -> orchestrator: token count 
 OUTPUT_IDS = "output_ids"          # orchestrator -> postprocessing; target -> orchestrator
 PREFIX_LENGTH = "prefix_length"    # orchestrator -> postprocessing: ids already shown as text
 IS_FINAL = "is_final"              # orchestrator -> postprocessing: flush held-back bytes
+# orchestrator -> postprocessing: the generation this response belongs to, so that a step
+# request the ensemble marks cancelled can cancel it (Triton does not cancel the running step).
+GENERATION_ID = "generation_id"
+# postprocessing -> orchestrator, with an empty input_ids: end that generation at its next round
+CANCEL_GENERATION = "cancel_generation"
 
 # Orchestrator -> draft_model / target_model (the packing is in specdec/serving/calls.py).
 CALL = "call"                      # INT64 [8]: sequence id, start, k, top_k, seed, release, next_k,

@@ -1,12 +1,12 @@
 """The speculative_decoding model over gRPC streaming, with tritonclient's asyncio client: one
 stream a request, token ids in and out.
 
-The gateway calls the orchestrator itself, not the ensemble around it, so that a client that
-leaves stops its generation: Triton passes a cancellation into a model that is running only when
-the client's request is that model's own (an ensemble checks for it between its steps, and its
-orchestrator step runs from the first token to the last). The gateway therefore does what the
-ensemble's preprocessing and postprocessing do, with the same functions and the target's
-tokenizer: the prompt and the stop words to ids, each response's ids to its piece of text.
+The gateway calls the orchestrator itself, not the ensemble around it: a client that leaves
+cancels the orchestrator's own request, which Triton passes to the running model directly (the
+ensemble's clients are stopped one step later, through postprocessing), and a response takes one
+hop instead of the ensemble's two steps. The gateway therefore does what the ensemble's
+preprocessing and postprocessing do, with the same functions and the target's tokenizer: the
+prompt and the stop words to ids, each response's ids to its piece of text.
 
 The request iterator yields the one request and ends, which half-closes the stream: the server
 ends it as soon as the request is done, so a finished or failed request closes cleanly. Only a

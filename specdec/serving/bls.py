@@ -46,6 +46,35 @@ def ping(pb, model_name: str) -> str | None:
     return response.error().message() if response.has_error() else None
 
 
+class CancelForwarder:
+    """postprocessing's side of an ensemble client's cancellation (orchestrator.py): the first
+    cancelled step request of a generation sends the orchestrator `cancel_generation`, once.
+    Blocking, from postprocessing's execute; a failure leaves the generation to run to its end,
+    as it would without this."""
+
+    def __init__(self, pb, model_name: str = names.ORCHESTRATOR, remember: int = 4096):
+        self.pb, self.name, self.remember = pb, model_name, remember
+        self.sent: dict[int, None] = {}   # ids already cancelled, oldest first
+
+    def check(self, request, generation_id: int | None) -> bool:
+        """True when this call sent a cancellation."""
+        if generation_id is None or generation_id in self.sent or not request.is_cancelled():
+            return False
+        self.sent[generation_id] = None
+        if len(self.sent) > self.remember:
+            del self.sent[next(iter(self.sent))]
+        pb = self.pb
+        tensors = [pb.Tensor(names.INPUT_IDS, np.zeros(0, np.int32)),
+                   pb.Tensor(names.CANCEL_GENERATION, np.array([generation_id], np.uint64))]
+        try:
+            for _ in pb.InferenceRequest(model_name=self.name, inputs=tensors,
+                                         requested_output_names=[]).exec(decoupled=True):
+                pass
+        except Exception:
+            return False
+        return True
+
+
 class BlsDrafter(_Model):
     def __init__(self, pb, model_name: str = names.DRAFT_MODEL):
         super().__init__(pb, model_name)

@@ -2,6 +2,12 @@
 
 Decoupled: each request gets its responses through its own sender and always ends with the
 FINAL flag, after success, an error or a cancellation.
+
+Cancellation: a request cancelled by its client ends at the generation's next round. Inside the
+ensemble this model's request is never the cancelled one (Triton checks an ensemble's
+cancellation between its steps, and this step runs from the first token to the last): there
+postprocessing sees the cancellation on the next response's step and sends a control request,
+`cancel_generation` with the generation id every response carries, which ends it the same way.
 """
 from __future__ import annotations
 
@@ -47,10 +53,17 @@ class Orchestrator:
         metrics.estimates = self.planner.estimates
         self.slots = asyncio.Semaphore(settings.max_sequences)
         self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
+        self.running: set[int] = set()     # generations under way
+        self.cancelled: set[int] = set()   # of those, cancelled through the ensemble
 
     async def handle(self, request) -> None:
         pb = self.pb
         sender = request.get_response_sender()
+        cancel = pb.get_input_tensor_by_name(request, names.CANCEL_GENERATION)
+        if cancel is not None:
+            self._cancel(int(cancel.as_numpy().reshape(-1)[0]))
+            sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
         final_sent = False
         finish = "error"
         stats = None
@@ -66,6 +79,8 @@ class Orchestrator:
                                   f"for {self.settings.queue_timeout_s}s; retry later") from None
             policy = open_policy(self.planner, req)
             self.metrics.active.set(self.planner.active)
+            gid = next(self.ids)
+            self.running.add(gid)
             try:
                 shown: list[int] = []
                 pending: list[int] = []
@@ -83,17 +98,20 @@ class Orchestrator:
                         if last:  # a client reading the metrics after its answer sees its counts
                             self.metrics.flush()
                         sender.send(self._response(shown, pending, chunk, last,
-                                                   len(req.prompt)),
+                                                   len(req.prompt), gid),
                                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
                         final_sent = last
                         shown.extend(pending)
                         pending.clear()
 
-                await speculate(next(self.ids), req, self.drafter, self.verifier,
-                                self.settings.max_seq_len, emit, request.is_cancelled,
+                await speculate(gid, req, self.drafter, self.verifier,
+                                self.settings.max_seq_len, emit,
+                                lambda: gid in self.cancelled or request.is_cancelled(),
                                 self.metrics.round, policy, self.settings.draft_timeout_s,
                                 self.ngram, self.settings.has_head)
             finally:
+                self.running.discard(gid)
+                self.cancelled.discard(gid)
                 self.planner.close(policy)
                 self.metrics.active.set(self.planner.active)
                 self.slots.release()
@@ -110,8 +128,15 @@ class Orchestrator:
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.metrics.finished(finish, stats)
 
+    def _cancel(self, gid: int) -> None:
+        """A client of the ensemble cancelled: its generation ends at its next round, as when
+        this model's own request is cancelled. An id that has finished (or never ran) is
+        ignored."""
+        if gid in self.running:
+            self.cancelled.add(gid)
+
     def _response(self, shown: list[int], new: list[int], chunk: Chunk, last: bool,
-                  prompt_tokens: int):
+                  prompt_tokens: int, gid: int):
         pb, st = self.pb, chunk.stats
         ids, prefix = detokenize.window(shown, new)
         tensors = {
@@ -126,5 +151,6 @@ class Orchestrator:
             names.FINISH_REASON: np.array([(chunk.finish_reason or "").encode()], object),
             names.NGRAM_DRAFT_TOKENS: np.array([st.ngram_draft_tokens], np.int32),
             names.NGRAM_ACCEPTED_TOKENS: np.array([st.ngram_accepted_tokens], np.int32),
+            names.GENERATION_ID: np.array([gid], np.uint64),
         }
         return pb.InferenceResponse(output_tensors=[pb.Tensor(n, v) for n, v in tensors.items()])

@@ -399,3 +399,74 @@ def test_a_server_without_a_draft_serves_lookup_and_names_the_field_otherwise(
     (error,) = [r.error() for r in bad.sender.responses()]
     assert error.code() == fake_pb.TritonError.INVALID_ARG
     assert error.message().startswith("proposer: 'draft' needs a draft model")
+
+
+def test_a_control_request_cancels_a_generation_by_the_id_its_responses_carry(serving):
+    """Inside the ensemble the orchestrator's own request is never the cancelled one:
+    postprocessing sends `cancel_generation` with the id every response carries, and the
+    generation ends at its next round, as when its own request is cancelled. An id that is not
+    running changes nothing; a control request is answered at once with FINAL alone."""
+    orch = serving.orchestrator()
+    controls = []
+
+    def on_first(response, flags):
+        if controls or response is None:
+            return
+        gid = int(out(response, names.GENERATION_ID)[0])
+        controls.append(orchestrator_request([], cancel_generation=gid))
+        asyncio.get_running_loop().create_task(orch.handle(controls[0]))
+
+    r = orchestrator_request(PROMPTS[2], max_tokens=40, stream=True, num_draft_tokens=2,
+                             on_send=on_first)
+    other = orchestrator_request(PROMPTS[0], max_tokens=40, stream=True)
+    stray = orchestrator_request([], cancel_generation=12345)
+    run_all(orch, [r, other, stray])
+    last = r.sender.responses()[-1]
+    assert finish_reason(last) == "cancelled" and 0 < len(output_ids(r)) < 40
+    ids = {int(out(x, names.GENERATION_ID)[0]) for x in r.sender.responses()}
+    assert len(ids) == 1
+    others = {int(out(x, names.GENERATION_ID)[0]) for x in other.sender.responses()}
+    assert len(others) == 1 and others != ids
+    assert len(output_ids(other)) == 40
+    for control in controls + [stray]:
+        assert control.sender.sent == [(None, FINAL)]
+    assert not orch.running and not orch.cancelled
+    assert_all_released(serving)
+
+
+class _StubPb:
+    """The Python backend's blocking BLS, recorded (CancelForwarder's only use of it)."""
+    Tensor = fake_pb.Tensor
+
+    def __init__(self, fail: bool = False):
+        self.sent, self.fail = [], fail
+
+    def InferenceRequest(self, model_name, inputs, requested_output_names):  # noqa: N802
+        stub = self
+
+        class _Call:
+            def exec(self, decoupled=False):
+                assert decoupled      # the orchestrator is decoupled
+                if stub.fail:
+                    raise RuntimeError("speculative_decoding is restarting")
+                fake_pb.ModelConfig(model_name).check_inputs(inputs)
+                stub.sent.append({t.name(): t.as_numpy().tolist() for t in inputs})
+                return iter([fake_pb.InferenceResponse([])])
+        return _Call()
+
+
+def test_postprocessing_forwards_a_cancellation_once_per_generation():
+    from specdec.serving.bls import CancelForwarder
+
+    pb = _StubPb()
+    forward = CancelForwarder(pb, remember=2)
+    live = fake_pb.Request({names.OUTPUT_IDS: np.array([1], np.int32)})
+    gone = fake_pb.Request({names.OUTPUT_IDS: np.array([1], np.int32)},
+                           cancelled=lambda sender: True)
+    assert not forward.check(live, 7) and not forward.check(gone, None)
+    assert forward.check(gone, 7) and not forward.check(gone, 7)   # later steps: already sent
+    assert pb.sent == [{names.INPUT_IDS: [], names.CANCEL_GENERATION: [7]}]
+    assert forward.check(gone, 8) and forward.check(gone, 9) and forward.check(gone, 7)
+    assert len(forward.sent) == 2                                  # it forgets the oldest
+    failing = CancelForwarder(_StubPb(fail=True))
+    assert not failing.check(gone, 7)                              # never the step's error

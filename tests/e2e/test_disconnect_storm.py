@@ -26,15 +26,27 @@ def storm_server(tmp_path_factory):
     yield from launch(tmp_path_factory)
 
 
+def cancelled(s) -> float:
+    try:
+        return s.metric("specdec_requests_total", finish_reason="cancelled")
+    except KeyError:   # no request has finished yet
+        return 0.0
+
+
 def test_an_explicit_grpc_cancel_releases_its_sequence(storm_server):
+    """A client of the ensemble that cancels ends its generation at its next round (finish
+    reason cancelled: postprocessing forwards the cancellation, orchestrator.py), where
+    Triton alone would let it run to max_tokens holding its slot."""
     s = storm_server
     prompt = heldout_prompts(1)[0]
+    before = cancelled(s)
     stream = grpc_stream(s.grpc, prompt,
                          GenerationParams(max_tokens=1000, num_draft_tokens=4))
     next(iter(stream))
     assert s.metric("specdec_active_sequences") == 1
     stream.cancel()
     assert list(stream) == [] and stream.result is not None and stream.result.finish_reason == "cancelled"
+    assert wait_for(lambda: cancelled(s) == before + 1, 30)
     assert wait_for(lambda: s.metric("specdec_active_sequences") == 0)
     assert wait_for(lambda: s.metric("specdec_kv_slots_used", model="target_model") == 0)
     assert s.metric("specdec_kv_slots_used", model="draft_model") == 0

@@ -6,6 +6,7 @@ import triton_python_backend_utils as pb_utils
 
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
+from specdec.serving.bls import CancelForwarder
 from specdec.serving.detokenize import piece
 from specdec.serving.settings import tokenizer_path
 from specdec.serving.tokenizer import decode_ids, load_tokenizer
@@ -15,6 +16,7 @@ class TritonPythonModel:
     def initialize(self, args):
         path = tokenizer_path(parameters(json.loads(args["model_config"])))
         self.tokenizer = load_tokenizer(path)
+        self.cancels = CancelForwarder(pb_utils)
 
     def _decode(self, ids):
         return decode_ids(self.tokenizer, ids)
@@ -23,8 +25,10 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                i = read_inputs(pb_utils, request,
-                                (names.OUTPUT_IDS, names.PREFIX_LENGTH, names.IS_FINAL))
+                i = read_inputs(pb_utils, request, (names.OUTPUT_IDS, names.PREFIX_LENGTH,
+                                                    names.IS_FINAL, names.GENERATION_ID))
+                if names.GENERATION_ID in i:   # cancelled: the client left, end its generation
+                    self.cancels.check(request, int(i[names.GENERATION_ID].reshape(-1)[0]))
                 text = piece(self._decode, i[names.OUTPUT_IDS].reshape(-1).tolist(),
                              int(i[names.PREFIX_LENGTH].reshape(-1)[0]),
                              bool(i[names.IS_FINAL].reshape(-1)[0]))
