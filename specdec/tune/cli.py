@@ -1,4 +1,5 @@
-"""specdec tune --target DIR --draft DIR --prompts FILE [--url HOST:PORT] [--out FILE]"""
+"""specdec tune --target DIR (--draft DIR | --eagle-head DIR) --prompts FILE [--url HOST:PORT]
+[--out FILE]"""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", type=Path, default=DEFAULTS / "target",
                     help="target checkpoint directory (default: the embedded pair's)")
     ap.add_argument("--draft", type=Path, default=DEFAULTS / "draft")
+    ap.add_argument("--eagle-head", type=Path,
+                    help="tune an EAGLE-3 head of the target (either published format, or "
+                         "specdec distill --method eagle3) instead of --draft; with --url, the "
+                         "server's proposer=eagle")
     ap.add_argument("--prompts", type=Path, default=DEFAULTS / "heldout_prompts.jsonl",
                     help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}) or plain text, "
                          "one prompt per line: your own traffic, as close as you have it")
@@ -45,7 +50,7 @@ def run(args) -> int:
     if args.num_prompts < 1 or args.max_tokens < 1:
         return _fail("--num-prompts and --max-tokens must be >= 1")
     try:
-        target_args, _ = check_pair(args.target, args.draft)
+        target_args, _ = check_pair(args.target, None if args.eagle_head else args.draft)
         prompts = load_prompts(args.prompts, args.num_prompts)
     except (CheckpointError, PromptsError) as e:
         return _fail(str(e))
@@ -65,8 +70,13 @@ def run(args) -> int:
     ids = [encode(tokenizer, p) for p in prompts]
     max_len = min(target_args.max_position_embeddings,
                   max(len(i) for i in ids) + args.max_tokens + max(ks) + 1)
-    target, draft = load_engines(args.target, args.draft, device, dtype, max_len,
-                                 target_args.vocab_size)
+    try:
+        target, draft = load_engines(args.target, None if args.eagle_head else args.draft,
+                                     device, dtype, max_len, target_args.vocab_size,
+                                     args.eagle_head)
+    except CheckpointError as e:     # a head that does not fit the target, named
+        return _fail(str(e))
+    proposer = "eagle" if args.eagle_head else "draft"
     server_ks = ([0] + ks + [AUTO]) if args.url else []
     bar = _progress(len(prompts) * (len(ks) + 1 + len(server_ks)), args.quiet)
     local = []
@@ -83,7 +93,7 @@ def run(args) -> int:
         for k in server_ks:
             bar.set_description(f"server K={'auto' if k == AUTO else k}")
             remote.append(measure_server(args.url, texts, k, args.max_tokens,
-                                         lambda: bar.update(1)))
+                                         lambda: bar.update(1), proposer))
             bar.set_postfix(tok_s=f"{remote[-1].tokens_per_s:.1f}")
     bar.close()
     result = analyse(local, remote)
@@ -94,12 +104,16 @@ def run(args) -> int:
                           "cpu_count": os.cpu_count(), "device": str(device),
                           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda"
                           else None, "dtype": str(dtype).replace("torch.", "")},
-              "target": str(args.target), "draft": str(args.draft), "prompts": str(args.prompts),
+              "target": str(args.target), "proposer": proposer,
+              "draft": None if args.eagle_head else str(args.draft),
+              "eagle_head": str(args.eagle_head) if args.eagle_head else None,
+              "prompts": str(args.prompts),
               "num_prompts": len(prompts), "max_tokens": args.max_tokens, "url": args.url,
               **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
-    print(markdown(result, f"specdec tune: {args.target.name} with {args.draft.name} on "
+    drafter = f"the EAGLE-3 head {args.eagle_head.name}" if args.eagle_head else args.draft.name
+    print(markdown(result, f"specdec tune: {args.target.name} with {drafter} on "
                            f"{len(prompts)} prompts x {args.max_tokens} tokens, {device} "
                            f"{str(dtype).replace('torch.', '')}"))
     print(f"JSON: {args.out}", file=sys.stderr)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..engine import Engine
+from ..estimates import DRAFT, EAGLE
 from ..local import LocalDrafter, LocalVerifier
 from ..loop import Request, Round, speculate
 
@@ -63,24 +64,33 @@ class Measurement:
             self.other_s += r.other_s
 
 
-def load_engines(target: Path, draft: Path, device: torch.device, dtype: torch.dtype,
-                 max_len: int, vocab_size: int) -> tuple[Engine, Engine]:
-    return (Engine.load(str(target), 1, max_len, dtype, device, vocab_size=vocab_size),
-            Engine.load(str(draft), 1, max_len, dtype, device, vocab_size=vocab_size))
+def load_engines(target: Path, draft: Path | None, device: torch.device, dtype: torch.dtype,
+                 max_len: int, vocab_size: int, head: Path | None = None
+                 ) -> tuple[Engine, Engine | None]:
+    """The target (with `head`, an EAGLE-3 head beside it, as target_model loads one) and the
+    draft model, or None when a head is tuned instead."""
+    t = Engine.load(str(target), 1, max_len, dtype, device, vocab_size=vocab_size,
+                    head_path=str(head) if head else None)
+    if draft is None:
+        return t, None
+    return t, Engine.load(str(draft), 1, max_len, dtype, device, vocab_size=vocab_size)
 
 
 _ids = itertools.count(1)
 
 
-def generate(target: Engine, draft: Engine, prompt: list[int], k: int, max_tokens: int,
+def generate(target: Engine, draft: Engine | None, prompt: list[int], k: int, max_tokens: int,
              eos: tuple[int, ...], m: Measurement | None) -> list[int]:
-    """One greedy request at exactly k drafts a round; adds its figures to m."""
+    """One greedy request at exactly k drafts a round, by the draft model, or by the target's
+    EAGLE-3 head when there is no draft; adds its figures to m."""
     out: list[int] = []
     t0 = time.perf_counter()
-    asyncio.run(speculate(next(_ids), Request(prompt, max_tokens, k, eos=eos),
-                          LocalDrafter(draft), LocalVerifier(target), target.max_len,
+    proposer = DRAFT if draft is not None else EAGLE
+    asyncio.run(speculate(next(_ids), Request(prompt, max_tokens, k, eos=eos, proposer=proposer),
+                          LocalDrafter(draft) if draft is not None else None,
+                          LocalVerifier(target), target.max_len,
                           lambda chunk: out.extend(chunk.tokens),
-                          on_round=m.add_round if m else None))
+                          on_round=m.add_round if m else None, head=draft is None))
     if m is not None:
         m.seconds += time.perf_counter() - t0
         m.requests += 1
@@ -89,7 +99,7 @@ def generate(target: Engine, draft: Engine, prompt: list[int], k: int, max_token
     return out
 
 
-def measure(target: Engine, draft: Engine, prompts: list[list[int]], k: int, max_tokens: int,
+def measure(target: Engine, draft: Engine | None, prompts: list[list[int]], k: int, max_tokens: int,
             eos: tuple[int, ...], step=lambda: None) -> Measurement:
     """Every prompt once at k, after one unmeasured warm-up request; `step` after each."""
     generate(target, draft, prompts[0], k, max_tokens, eos, None)

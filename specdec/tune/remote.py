@@ -8,15 +8,15 @@ AUTO = -1   # the server chooses k per round
 
 
 def measure_server(url: str, prompts: list[str], k: int, max_tokens: int,
-                   step=lambda: None) -> Measurement:
+                   step=lambda: None, proposer: str = "draft") -> Measurement:
     try:
         from specdec_client import GenerationParams, grpc_stream
     except ImportError as e:
         raise SystemExit(f"--url needs the client: pip install 'triton-specdec[client]' ({e})")
-    # proposer=draft: the pair is what is tuned (a server's default, hybrid, would mix in
-    # prompt lookup's proposals).
+    # One proposer, the one tuned (the draft model, or the head): a server's default, hybrid,
+    # would mix in prompt lookup's proposals.
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k,
-                              proposer="draft")
+                              proposer=proposer)
     grpc_stream(url, prompts[0], params).wait()           # warm-up
     m = Measurement(k)
     for p in prompts:
