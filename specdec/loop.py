@@ -54,6 +54,9 @@ class Request:
 
 
 HYBRID = "hybrid"
+# How long a finished sequence waits for the draft model's release before it frees its slot
+# (a healthy draft answers in milliseconds; the release goes on after that, unwaited).
+DRAFT_RELEASE_WAIT_S = 0.05
 # What a request's proposer may draft with, in the order a fixed k prefers them. Hybrid drafts
 # with what the server has.
 PROPOSER_SETS = {DRAFT: (DRAFT,), NGRAM: (NGRAM,), EAGLE: (EAGLE,),
@@ -261,8 +264,25 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             await _call(emit, Chunk(out.take(), out.finish, stats))
         return stats
     finally:
-        releases = [verifier.release(seq_id)] + [drafters[p].release(seq_id) for p in used]
-        await asyncio.shield(asyncio.gather(*releases, return_exceptions=True))
+        # The verifier's release (the target's slot, the head's state) is awaited: the next
+        # sequence admitted needs that slot. A draft model's only briefly: one that is restarting
+        # (its slots gone with its process) would hold this sequence's admission slot for
+        # seconds. A model takes calls in order, and a batch's releases before its proposals, so
+        # a later sequence's first proposal still finds this one's draft slot free.
+        later = [asyncio.ensure_future(drafter.release(seq_id))] if DRAFT in used else []
+        for task in later:
+            task.add_done_callback(_retrieve)
+        await asyncio.shield(asyncio.gather(
+            verifier.release(seq_id), *(drafters[p].release(seq_id) for p in used if p != DRAFT),
+            return_exceptions=True))
+        if later:
+            await asyncio.wait(later, timeout=DRAFT_RELEASE_WAIT_S)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """A release left running has no one to raise to: its error is the draft's to log."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _failure_reason(exc: Exception) -> str:

@@ -1,10 +1,11 @@
 """The draft is an accelerator, never a dependency: a failing draft call costs speed, not output."""
 import asyncio
+import time
 
 import pytest
 
-from specdec.local import LocalDrafter
-from specdec.loop import Request
+from specdec.local import LocalDrafter, LocalVerifier
+from specdec.loop import Request, speculate
 from specdec.policy import Planner
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
@@ -88,3 +89,29 @@ def test_one_failed_call_among_good_ones_does_not_stop_the_others(pair_dir):
     results, drafter, rounds = run(pair_dir, reqs, {0: "error"}, planner=planner)
     assert sum(r.failure is not None for r in rounds) == 1
     assert not planner.failing and len(drafter.calls) > 10   # the others' calls came back fine
+
+
+def test_a_draft_slow_to_release_does_not_hold_the_finished_sequence(pair_dir):
+    """A draft model restarting answers its release only when it is back (seconds): the
+    finished sequence frees its slot without it, once the target's release is done, and the
+    draft's release still lands (its calls stay in order)."""
+    target, draft = engines(pair_dir)
+    released = []
+
+    class SlowRelease(LocalDrafter):
+        async def release(self, seq_id):
+            await asyncio.sleep(1.0)
+            await super().release(seq_id)
+            released.append(seq_id)
+
+    async def main():
+        t0 = time.perf_counter()
+        await speculate(1, Request(prompts(1)[0], 8, 3), SlowRelease(draft),
+                        LocalVerifier(target), target.max_len, lambda chunk: None)
+        took = time.perf_counter() - t0
+        assert target.pool.active == 0 and draft.pool.active == 1 and not released
+        await asyncio.sleep(1.5)
+        assert released == [1] and draft.pool.active == 0
+        return took
+
+    assert asyncio.run(main()) < 0.9
