@@ -12,8 +12,7 @@ postprocessing sees the cancellation on the next response's step and sends a con
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
+import secrets
 import time
 
 import numpy as np
@@ -52,7 +51,6 @@ class Orchestrator:
                                proposers=settings.proposers)
         metrics.estimates = self.planner.estimates
         self.slots = asyncio.Semaphore(settings.max_sequences)
-        self.ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
         self.running: set[int] = set()     # generations under way
         self.cancelled: set[int] = set()   # of those, cancelled through the ensemble
 
@@ -79,7 +77,7 @@ class Orchestrator:
                                   f"for {self.settings.queue_timeout_s}s; retry later") from None
             policy = open_policy(self.planner, req)
             self.metrics.active.set(self.planner.active)
-            gid = next(self.ids)
+            gid = self._new_id()
             self.running.add(gid)
             try:
                 shown: list[int] = []
@@ -127,6 +125,14 @@ class Orchestrator:
             if not final_sent:
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.metrics.finished(finish, stats)
+
+    def _new_id(self) -> int:
+        """A generation's id, also its sequence id in the models: random, not counted, since a
+        control request ends the generation it names and one client must not guess another's."""
+        while True:
+            gid = secrets.randbits(63)
+            if gid and gid not in self.running:
+                return gid
 
     def _cancel(self, gid: int) -> None:
         """A client of the ensemble cancelled: its generation ends at its next round, as when
