@@ -255,31 +255,17 @@ def write_head(out: Path, target: Path, seed: int) -> int:
     """A random-weight EAGLE-3 head for the checkpoint in `target`, as `specdec distill --method
     eagle3` shapes one by default (its draft vocabulary: the first ids). Returns its bytes."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from torch import nn
-
     from specdec.config import ModelArgs
-    from specdec.distill.eagle3 import default_draft_vocab, head_layer_args
+    from specdec.distill.eagle3 import default_draft_vocab, head_layer_args, initialised_head
     from specdec.eagle.checkpoint import save_speculators
     from specdec.eagle.config import SPECULATORS, HeadArgs, default_aux_layers
-    from specdec.eagle.head import EagleHead
 
     t = ModelArgs.from_dir(target)
     aux = default_aux_layers(t.num_layers) if t.num_layers >= 8 else (0, t.num_layers // 2,
                                                                        t.num_layers - 1)
     h = HeadArgs(head_layer_args(t), default_draft_vocab(t.vocab_size), t.hidden_size, aux,
                  False, SPECULATORS)
-    with torch.device("meta"):
-        head = EagleHead(h)
-    gen = torch.Generator().manual_seed(seed)
-    for name, module in head.named_children():
-        if name != "embed_tokens":       # not written: the target's
-            module.to_empty(device="cpu")
-    with torch.no_grad():
-        for m in head.modules():
-            if isinstance(m, nn.Linear):
-                m.weight.normal_(0.0, 0.02, generator=gen)
-            elif hasattr(m, "weight") and m.weight.dim() == 1:
-                m.weight.fill_(1.0)
+    head = initialised_head(h, torch.device("cpu"), seed)   # its embedding is the target's
     head.d2t = torch.zeros(h.draft_vocab_size, dtype=torch.int64)
     save_speculators(head, out, str(target), dtype=torch.bfloat16, embeddings=False,
                      verifier_architectures=json.loads(

@@ -79,6 +79,24 @@ def head_layer_args(t: ModelArgs) -> ModelArgs:
                      max_position_embeddings=t.max_position_embeddings, rope=rope)
 
 
+def initialised_head(h: HeadArgs, device: torch.device, seed: int = 0) -> EagleHead:
+    """A head of shape `h` on `device`, initialised as torch does (seeded), all but its
+    embedding, which stays unallocated (meta): a head uses its target's."""
+    with torch.device("meta"):
+        head = EagleHead(h)
+    for name, module in head.named_children():
+        if name != "embed_tokens":
+            module.to_empty(device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for m in head.modules():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+    return head
+
+
 def new_head(target: Transformer, aux: tuple[int, ...], used: torch.Tensor,
              seed: int = 0) -> EagleHead:
     """A fresh head in float32 on the target's device: the target's embedding shared and frozen,
@@ -87,19 +105,8 @@ def new_head(target: Transformer, aux: tuple[int, ...], used: torch.Tensor,
     t = target.args
     h = HeadArgs(head_layer_args(t), len(used), t.hidden_size, tuple(aux), False, SPECULATORS)
     device = target.lm_head.weight.device
-    with torch.device("meta"):
-        head = EagleHead(h)
-    for name, module in head.named_children():
-        if name != "embed_tokens":
-            module.to_empty(device=device)
+    head = initialised_head(h, device, seed)
     head.embed_tokens.weight = target.model.embed_tokens.weight    # frozen: the target's
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        for m in head.modules():
-            if isinstance(m, nn.Linear):
-                m.reset_parameters()
-            elif isinstance(m, RMSNorm):
-                nn.init.ones_(m.weight)
     with torch.no_grad():
         head.lm_head.weight.copy_(target.lm_head.weight[used.to(device)])
         norm = target.model.norm.weight.float()

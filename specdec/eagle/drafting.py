@@ -69,14 +69,14 @@ class HeadDrafter:
         """
         head, dev = self.head, self.device
         b = len(seq_ids)
-        ends_t = torch.tensor(ends, device=dev)                                        # [B]
-        last = ends_t - torch.tensor(starts, device=dev) - 1                           # [B]
-        # Pair tokens: one position ahead of the features, x_b at the last committed position.
-        ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
         # Only the committed positions: a rejected draft's pair would be masked until
         # overwritten, and on a compute-bound device it costs as much as a kept one.
         need = [e - s for e, s in zip(ends, starts)]
         t = max(need)
+        ends_t = torch.tensor(ends, device=dev)                                        # [B]
+        last = torch.tensor(need, device=dev) - 1                                      # [B]
+        # Pair tokens: one position ahead of the features, x_b at the last committed position.
+        ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
         batch = Batch.build(ahead[:, :t], starts, slots, self.cache, dev, need)
         feature = head.fc(features[:, :t].to(head.fc.weight.dtype))                  # [B, t, H]
         h = self._forward(batch, feature)
