@@ -13,11 +13,13 @@ import torch
 import transformers
 
 from specdec.config import CheckpointError, ModelArgs
+from specdec.eagle.checkpoint import load_head
 from specdec.engine import Engine
 from specdec.loop import Request
 from specdec.model import Batch
 from specdec.weights import load_model
 from tests.core.conftest import engines, generate
+from tests.core.eagle_helpers import trained_head_dir
 from tests.tiny_checkpoints import NOISY_NORMS, make_checkpoint, make_draft
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
@@ -76,6 +78,26 @@ def test_speculative_greedy_equals_transformers_generate(tmp_path, variant):
         assert [g[0] for g in got] == want, (variant, k)
         if k:
             assert sum(g[1].total_accepted_draft_tokens for g in got) > 0
+
+
+
+@pytest.mark.parametrize("variant", ["gemma2", "gemma3", "mistral_window", "phi3_longrope",
+                                     "qwen3_qk_norm", "qwen3_window"])
+def test_an_eagle3_head_distilled_for_each_family_keeps_greedy_exact(tmp_path, variant):
+    """A head trained the way `specdec distill --method eagle3` trains one (on the family's own
+    features and embedding) drafts for its target in the engine: output equal to transformers',
+    drafts accepted, nothing left behind."""
+    target = make_checkpoint(tmp_path / "target", variant)
+    head_dir = trained_head_dir(target, tmp_path / "head", steps=60)
+    want = hf_greedy(target, torch.float64, prompts(), MAX_TOKENS,
+                     step_by_step=variant == "phi3_longrope")
+    model = load_model(target, torch.float64, CPU)
+    engine = Engine(model, 8, 128, CPU, head=load_head(head_dir, model, torch.float64, CPU))
+    got = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle") for p in prompts()],
+                   head=True)
+    assert [g[0] for g in got] == want, variant
+    assert sum(g[1].total_accepted_draft_tokens for g in got) > 0
+    assert engine.pool.active == 0 and not engine.head.q
 
 
 # --- real shapes, random weights ----------------------------------------------------------------

@@ -1,7 +1,9 @@
 """A real tritonserver serves a Qwen3 and a Gemma 3 pair at real shapes (random weights, the
-published configs scaled down, vocabularies as released): greedy output, speculative and plain,
-equals transformers' `generate` on the target. Gemma 3's windows are shrunk to 16 tokens so that
-the requests pass them (the target's 5 windowed layers with their local RoPE, and one global)."""
+published configs scaled down, vocabularies as released): greedy output, plain and drafted by
+the draft model and by a random EAGLE-3 head of the shape `specdec distill --method eagle3`
+makes, equals transformers' `generate` on the target. Gemma 3's windows are shrunk to 16 tokens
+so that the requests pass them (the target's 5 windowed layers with their local RoPE, and one
+global)."""
 import sys
 from pathlib import Path
 
@@ -42,8 +44,11 @@ def write_pair(root: Path, family: str) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module", params=sorted(PAIRS))
 def family_server(request, tmp_path_factory):
-    target, draft = write_pair(tmp_path_factory.mktemp(request.param), request.param)
+    root = tmp_path_factory.mktemp(request.param)
+    target, draft = write_pair(root, request.param)
+    make_random_pair.write_head(root / "head", target, 2)
     env = {"SPECDEC_TARGET_MODEL": str(target), "SPECDEC_DRAFT_MODEL": str(draft),
+           "SPECDEC_EAGLE_HEAD": str(root / "head"),
            "SPECDEC_MAX_SEQUENCES": "2", "SPECDEC_MAX_SEQ_LEN": "256",
            "SPECDEC_DRAFT_TIMEOUT_S": "600"}
     for server in launch(tmp_path_factory, env):
@@ -66,12 +71,14 @@ def test_real_shape_family_is_served_exactly(family_server, tmp_path_factory):
         tokens = out[0, len(ids):].tolist()
         want = tokenizer.decode(tokens)
         assert want.strip(), "the readable pair should decode to text"
-        for k in (4, 0):
+        for k, proposer in ((4, "draft"), (4, "eagle"), (0, None)):
             got = generate(server.http, prompt, GenerationParams(
-                max_tokens=MAX_TOKENS, temperature=0.0, num_draft_tokens=k))
-            assert got.text == want, (family, k, prompt)
+                max_tokens=MAX_TOKENS, temperature=0.0, num_draft_tokens=k, proposer=proposer))
+            assert got.text == want, (family, k, proposer, prompt)
             assert got.num_output_tokens == len(tokens)
+            assert (got.total_draft_tokens > 0) == (k > 0)
         wants.append(want)
+    assert server.metric("specdec_bls_calls_per_round", proposer="eagle") == 1.0
     # The OpenAI gateway tokenizes and detokenizes itself (docs/openai.md): the same text.
     openai = pytest.importorskip("openai")
     proc, url = start_gateway(server.grpc, target, tmp_path_factory)
