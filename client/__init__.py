@@ -7,12 +7,12 @@ from .api import (
     GenerationParams,
     Result,
     ServerError,
-    TextStream,
     generate,
     generate_stream,
     grpc_generate,
     grpc_stream,
 )
+from .stream import TextStream
 
 __all__ = [
     "DEFAULT_GRPC_URL",

@@ -19,12 +19,12 @@ from .api import (
     GenerationParams,
     Result,
     ServerError,
-    TextStream,
     generate,
     generate_stream,
     grpc_generate,
     grpc_stream,
 )
+from .stream import TextStream
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130

@@ -26,11 +26,10 @@ from .api import (
     STREAM,
     TEXT_INPUT,
     TEXT_OUTPUT,
-    Collector,
     GenerationParams,
     ServerError,
-    TextStream,
 )
+from .stream import Collector, TextStream
 
 _TRITON_FINAL = "triton_final_response"
 # Asks Triton to end the stream with the error's own gRPC status code (UNAVAILABLE,

@@ -17,8 +17,9 @@ from urllib.parse import quote, urlsplit
 
 import httpx2
 
-from .api import (Collector, GenerationParams, Result, ServerError, TextStream,
-                  build_generate_body, decode_event, outputs_from_json)
+from .api import (GenerationParams, Result, ServerError, build_generate_body, decode_event,
+                  outputs_from_json)
+from .stream import Collector, TextStream
 
 
 def _endpoint(url: str, model: str, name: str) -> str:

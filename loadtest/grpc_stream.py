@@ -22,7 +22,7 @@ from tritonclient.grpc import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from specdec_client import ENSEMBLE, GenerationParams, Result, ServerError
-from specdec_client.api import Collector
+from specdec_client.stream import Collector
 from specdec_client.grpc_transport import (CANCEL_SAFE_SINCE, CLOSE_GRACE_S,
                                            build_infer_inputs, close_stream, input_ranks,
                                            outputs_from_infer_result, server_version,

@@ -14,7 +14,7 @@ import httpx2
 
 from specdec import names
 from specdec_client import GenerationParams, Result, ServerError
-from specdec_client.api import Collector
+from specdec_client.stream import Collector
 
 # The gateway's per-request statistics, by the ensemble's output names.
 SPECDEC_FIELDS = (names.TOTAL_DRAFT_TOKENS, names.TOTAL_ACCEPTED_DRAFT_TOKENS,

@@ -118,7 +118,7 @@ async def _stream(server: SpecDecoding, gen: Generation, rid: str) -> Response:
 async def _events(gen: Generation, rid: str, first: dict | None,
                   responses: AsyncIterator[dict]) -> AsyncIterator[str]:
     """SSE: a chunk per piece of text, the finish chunk, the usage chunk if asked, [DONE]."""
-    from specdec_client.api import Collector
+    from specdec_client.stream import Collector
     created = int(time.time())
     collector = Collector()
     if gen.chat:
