@@ -14,12 +14,13 @@ machine does not land on one setting):
   free     free generation (--prompts-file): the same four settings
   eagle    the default pair with an EAGLE-3 head beside it (--eagle-head, SPECDEC_EAGLE_HEAD):
            target-only, the draft model and the head, each auto and K=2,4,6, at 1 stream;
-           target-only, each auto and K=2,4 at 16 streams; hybrid auto (lookup, head and draft
-           model per round; a server with a head defaulted to it before it measured below the
-           head alone) at both
+           target-only, each auto and K=2,4 at 16 streams (--load-streams, --load-ks); hybrid
+           auto (lookup, head and draft model per round; a server with a head defaulted to it
+           before it measured below the head alone) at both
   hybrid   the default pair's own default proposer (lookup where it has a match, else the
            draft model, chosen per round): target-only, hybrid auto and K=2,4,6 at 1 stream;
-           target-only, hybrid auto and K=2,4 at 16 streams (--prompts-file picks the workload)
+           target-only, hybrid auto and K=2,4 at 16 streams (--prompts-file picks the workload;
+           --load-streams and --load-ks the second part's streams and fixed K)
 poor, default and capped draft with the draft model only (proposer=draft), so they show the
 policy alone.
 
@@ -209,11 +210,14 @@ def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, i
         # hybrid auto: the head against lookup and the draft model chosen per round
         plan = [(TARGET_ONLY, 1)] + [(Setting(k, p), 1) for p in ("draft", "eagle")
                                      for k in (AUTO, 2, 4, 6)] + [(Setting(AUTO, "hybrid"), 1)]
-        plan += [(TARGET_ONLY, 16)] + [(Setting(k, p), 16) for p in ("draft", "eagle")
-                                       for k in (AUTO, 2, 4)] + [(Setting(AUTO, "hybrid"), 16)]
+        n = args.load_streams
+        plan += [(TARGET_ONLY, n)] + [(Setting(k, p), n) for p in ("draft", "eagle")
+                                      for k in (AUTO, *args.load_ks)] + [
+            (Setting(AUTO, "hybrid"), n)]
     elif name == "hybrid":
         plan = [(TARGET_ONLY, 1)] + [(Setting(k, "hybrid"), 1) for k in (AUTO, 2, 4, 6)]
-        plan += [(TARGET_ONLY, 16)] + [(Setting(k, "hybrid"), 16) for k in (AUTO, 2, 4)]
+        n = args.load_streams
+        plan += [(TARGET_ONLY, n)] + [(Setting(k, "hybrid"), n) for k in (AUTO, *args.load_ks)]
     elif name in ("repeat", "free"):
         plan = [(s, n) for n in (1, 4) for s in PROPOSERS]
         prompts = args.repeat_prompts if name == "repeat" else args.prompts_file
@@ -222,7 +226,7 @@ def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, i
     return draft, env, plan, prompts
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
@@ -235,8 +239,23 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=16, help="per setting and repeat")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--load-streams", type=int, default=16,
+                    help="eagle and hybrid: the streams of the second part (default 16)")
+    ap.add_argument("--load-ks", default="2,4",
+                    help="eagle and hybrid: its fixed K, comma-separated (default 2,4)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "compare.json")
     args = ap.parse_args(argv)
+    try:
+        args.load_ks = tuple(int(k) for k in args.load_ks.split(","))
+    except ValueError:
+        ap.error(f"--load-ks {args.load_ks!r}: comma-separated integers")
+    if args.load_streams < 1 or not args.load_ks or min(args.load_ks) < 1:
+        ap.error("--load-streams and every --load-ks must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     exit_on_sigterm()
     started = time.time()
     rows: list[dict] = []
@@ -251,7 +270,8 @@ def main(argv=None) -> int:
               "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
               "machine": machine(), "git": git_state(),
               "config": {"requests": args.requests, "max_tokens": args.max_tokens,
-                         "repeats": args.repeats, "target": str(args.target),
+                         "repeats": args.repeats, "load_streams": args.load_streams,
+                         "load_ks": list(args.load_ks), "target": str(args.target),
                          "draft": str(args.draft)},
               "elapsed_s": time.time() - started, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -171,3 +171,19 @@ def test_random_head_and_the_costs_script_on_a_scaled_pair(tmp_path, capsys):
         assert set(r["implied"]["head"]) == {"2.5", "3.0", "3.5"}
     printed = capsys.readouterr().out
     assert "head: fixed + per token" in printed and "implied (not measured)" in printed
+
+
+def test_compare_plans_the_load_part_at_the_streams_and_k_asked(tmp_path):
+    import compare
+
+    args = compare.parse_args(["--scenarios", "hybrid", "--load-streams", "4",
+                               "--load-ks", "2,4,6"])
+    _, _, steps, _ = compare.plans("hybrid", args, tmp_path)
+    load = [(s.label, n) for s, n in steps if n != 1]
+    assert load == [("target-only", 4), ("hybrid auto", 4), ("hybrid K=2", 4),
+                    ("hybrid K=4", 4), ("hybrid K=6", 4)]
+    _, _, steps, _ = compare.plans("hybrid", compare.parse_args([]), tmp_path)
+    assert {n for _, n in steps} == {1, 16}
+    assert [s.k for s, n in steps if n == 16] == [0, compare.AUTO, 2, 4]
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--load-ks", "4,x"])
