@@ -8,8 +8,12 @@ target verifies it as a one-hot q (verify.py) and the output stays exactly the t
 
 Matching: the longest n in max_n..min_n whose last n tokens occurred earlier in the prompt or the
 output; of its occurrences the most recent wins (nearest text, likeliest to be what is being
-copied). The proposal is what followed it, up to k tokens: fewer when the history ends sooner,
-none without a match (the round is then the target's alone).
+copied). The proposal is what followed it, up to k tokens, none without a match (the round is
+then the target's alone). When what followed reaches the end of the history within k tokens
+(the match is p < k tokens back: the text loops with period p), the proposal repeats those p
+tokens, as the loop would: once they are in the history it ends with the same n-gram again, p
+tokens after its previous occurrence, which a lookup then would follow. Without it a loop of
+period 2 proposed 2 tokens a round however long it ran.
 
 Each sequence's history is a list of tokens and an index from every n-gram (n in min_n..max_n)
 to the positions where it ends, appended to and rolled back incrementally: a lookup costs a few
@@ -39,11 +43,16 @@ MIN_N = 2
 class Match:
     n: int           # tokens matched at the end of the history (0: no match)
     at: int          # position of the first token that followed the match
-    available: int   # tokens from `at` to the end of the history (>= 1 when n > 0)
+    period: int      # tokens from `at` to the end of the history (>= 1 when n > 0)
 
     def proposes(self, k: int) -> int:
-        """Tokens a proposal of at most k would hold."""
-        return min(k, self.available)
+        """Tokens a proposal of at most k would hold: k with a match (a short continuation
+        repeats), none without."""
+        return k if self.n else 0
+
+    def tokens(self, history: list[int], k: int) -> list[int]:
+        """The proposal of at most k tokens from `history` (the one matched)."""
+        return [history[self.at + i % self.period] for i in range(self.proposes(k))]
 
 
 NO_MATCH = Match(0, 0, 0)
@@ -109,7 +118,7 @@ class NgramProposer:
     async def propose(self, call: ProposeCall) -> Proposal:
         m = self.lookup(call.seq_id, call.start, call.tokens)
         h = self.seqs[call.seq_id]
-        drafts = h.tokens[m.at:m.at + m.proposes(call.k)]
+        drafts = m.tokens(h.tokens, call.k)
         h.append(drafts)
         return Proposal(drafts, None)
 

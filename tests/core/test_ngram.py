@@ -19,12 +19,13 @@ def propose(p: NgramProposer, tokens: list[int], k: int, seq_id: int = 1, start:
 
 
 def reference(history: list[int], k: int, max_n: int, min_n: int) -> list[int]:
-    """The rule by a scan: longest suffix n with an earlier occurrence, its latest one."""
+    """The rule by a scan: longest suffix n with an earlier occurrence, its latest one; what
+    followed it, repeated when it reaches the end (the text loops)."""
     end = len(history)
     for n in range(min(max_n, end - 1), min_n - 1, -1):
         for e in range(end - 1, n - 1, -1):
             if history[e - n:e] == history[end - n:]:
-                return history[e:e + k]
+                return [history[e + i % (end - e)] for i in range(k)]
     return []
 
 
@@ -42,24 +43,27 @@ def test_longest_n_first_then_most_recent():
 
 def test_min_n_and_no_match_propose_nothing():
     assert propose(NgramProposer(max_n=3, min_n=2), [5, 1, 6, 1], 4).tokens == []
-    assert propose(NgramProposer(max_n=3, min_n=1), [5, 1, 6, 1], 4).tokens == [6, 1]
+    assert propose(NgramProposer(max_n=3, min_n=1), [5, 1, 6, 1], 4).tokens == [6, 1, 6, 1]
     assert propose(NgramProposer(), [4], 4).tokens == []
     with pytest.raises(ValueError):
         NgramProposer(max_n=2, min_n=3)
 
 
-def test_continuation_stops_at_the_end_of_the_history():
+def test_a_continuation_that_reaches_the_end_repeats_its_period():
     p = NgramProposer(max_n=2, min_n=2)
-    # The latest earlier "8 9" ends 3 tokens before the end: only 3 follow it.
-    assert propose(p, [8, 9, 1, 8, 9, 8, 9], 8).tokens == [8, 9]
-    assert p.lookup(1, 7, []).n == 2     # held: the 7 tokens + its 2 proposed ones
-    assert propose(NgramProposer(max_n=2, min_n=2), [3, 4, 5, 6, 3, 4], 8).tokens == [5, 6, 3, 4]
+    # The latest earlier "8 9" is 2 tokens back: the text loops "8 9", and the proposal with it.
+    assert propose(p, [8, 9, 1, 8, 9, 8, 9], 5).tokens == [8, 9, 8, 9, 8]
+    assert p.lookup(1, 12, []).n == 2     # held: the 7 tokens + its 5 proposed ones
+    assert propose(NgramProposer(max_n=2, min_n=2), [3, 4, 5, 6, 3, 4], 6).tokens == \
+        [5, 6, 3, 4, 5, 6]
+    # Far enough back, what followed is proposed as it was.
+    assert propose(NgramProposer(max_n=2, min_n=2), [3, 4, 5, 6, 7, 3, 4], 3).tokens == [5, 6, 7]
 
 
 def test_lookup_reports_without_proposing():
     p = NgramProposer(max_n=3, min_n=2)
     m = p.lookup(1, 0, [1, 2, 3, 4, 9, 1, 2, 3])
-    assert (m.n, m.at, m.available, m.proposes(8), m.proposes(2)) == (3, 3, 5, 5, 2)
+    assert (m.n, m.at, m.period, m.proposes(8), m.proposes(2)) == (3, 3, 5, 8, 2)
     assert len(p.seqs[1].tokens) == 8                       # the committed tokens only
     assert propose(p, [], 2, start=8).tokens == [4, 9]
     assert p.lookup(1, 8, []).n == 3 and len(p.seqs[1].tokens) == 8
