@@ -10,6 +10,7 @@ from specdec import names
 from specdec.engine import Engine, ProposeCall, VerifyCall
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import Request, speculate
+from specdec.ngram import NgramProposer
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.weights import load_model
@@ -50,15 +51,18 @@ def assert_all_released(serving):
 
 
 def local_reference(checkpoints, prompt, max_tokens, k, sampling):
-    """The same request through the in-process loop (no Triton, no wire format)."""
+    """The same request through the in-process loop (no Triton, no wire format), with the
+    server's default proposer beside a draft model: hybrid. (Sampled tokens depend on what was
+    proposed, not only on the seed: the reference must propose as the server does.)"""
     target, draft = checkpoints
     cpu = torch.device("cpu")
     t = Engine(load_model(target, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu)
     d = Engine(load_model(draft, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu,
                vocab_size=t.model.args.vocab_size)
     chunks = []
-    asyncio.run(speculate(1, Request(prompt, max_tokens, k, sampling), LocalDrafter(d),
-                          LocalVerifier(t), MAX_SEQ_LEN, chunks.append))
+    asyncio.run(speculate(1, Request(prompt, max_tokens, k, sampling, proposer="hybrid"),
+                          LocalDrafter(d), LocalVerifier(t), MAX_SEQ_LEN, chunks.append,
+                          ngram=NgramProposer()))
     return [tok for c in chunks for tok in c.tokens]
 
 

@@ -80,8 +80,11 @@ def test_cancelled_sse_stream_releases_its_sequence(server):
     """Cancelling over HTTP closes the connection. gRPC cancellation is tested on a server of
     its own (test_disconnect_storm.py): on Triton before 2.57 it can crash the server."""
     prompt = heldout_prompts(1)[0]
+    # The draft model drafts (its slot must be freed too), without lookups: the default
+    # target's loops, drafted in full by a lookup, could end 1000 tokens before the cancel.
     stream = generate_stream(server.http, prompt,
-                             GenerationParams(max_tokens=1000, num_draft_tokens=4))
+                             GenerationParams(max_tokens=1000, num_draft_tokens=4,
+                                              proposer="draft"))
     next(iter(stream))
     assert server.metric("specdec_active_sequences") == 1
     stream.cancel()
