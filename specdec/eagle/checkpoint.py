@@ -61,6 +61,27 @@ def load_head(path: str | Path, target: Transformer, dtype: torch.dtype,
     return head.eval().requires_grad_(False)
 
 
+def check_verifier(head_path: str | Path, target_path: str | Path) -> str:
+    """Refuse a head whose config.json records a target of other architectures than the served
+    one's (speculators_config.verifier.architectures; the EAGLE format records none). Shapes are
+    checked by head_args at load. Returns a line naming what the head was trained for."""
+    cfg = read_head_config(head_path)
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    theirs = verifier.get("architectures")
+    file = Path(target_path) / "config.json"
+    try:
+        ours = json.loads(file.read_text()).get("architectures")
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file}: cannot be read: {e}") from None
+    if theirs and ours and list(theirs) != list(ours):
+        raise CheckpointError(
+            f"{head_path}/config.json: speculators_config.verifier.architectures {list(theirs)} "
+            f"is not the target's architectures {list(ours)} ({file}): a head drafts only for "
+            f"the model it was trained on")
+    name = verifier.get("name_or_path")
+    return f"EAGLE-3 head {head_path}" + (f", trained for {name}" if name else "")
+
+
 def _model_names(state: dict, h: HeadArgs, path: Path) -> dict[str, torch.Tensor]:
     """Checkpoint names -> the head's: the format's layer prefix, q/k/v and gate/up fused."""
     prefix = _LAYER_PREFIX[h.format]

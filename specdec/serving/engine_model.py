@@ -10,10 +10,13 @@ import torch
 
 from .. import names
 from ..config import ModelArgs
+from ..eagle.checkpoint import check_verifier
 from ..engine import Engine, Proposal, Verdict
 from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, read_torch, torch_output
+from .checks import check_one_instance, say
 from .settings import EngineSettings
+from .tokenizer import check_draft_tokenizer
 
 _COMMON = (names.CALL, names.SAMPLING, names.TOKENS)
 
@@ -26,6 +29,7 @@ class _EngineModel:
         self.pb = pb
         s = EngineSettings.parse(parameters(model_config), self.role)
         self.settings = s
+        check_one_instance(model_config, f"{self.role}_model")
         self.faults = faults.Injector(faults.parse(s.fault))   # tests only; none by default
         self._slot_gauges(pb, 0 if s.disabled else s.max_sequences)
         if s.disabled:   # served without a draft: nothing to load, nothing will call it
@@ -34,6 +38,7 @@ class _EngineModel:
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
+        self.check_pair(s, vocab)
         device = s.torch_device()
         self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
                                   device, vocab_size=vocab, attention_kind=s.attention,
@@ -42,6 +47,15 @@ class _EngineModel:
         if s.eagle_fault:   # tests only: the head fails inside a verification that stands
             head_faults = faults.Injector(faults.parse(s.eagle_fault))
             self.engine.head_fault = lambda: head_faults.before(1)[0]
+
+    def check_pair(self, s: EngineSettings, target_vocab: int) -> None:
+        """Refuse a draft or head made for another target, before any weights load."""
+        if self.role == "draft":
+            own = ModelArgs.from_dir(s.model_path).vocab_size
+            say(f"{self.role}_model", check_draft_tokenizer(s.model_path, s.tokenizer_path, own,
+                                                            target_vocab))
+        elif s.eagle_head_path:
+            say(f"{self.role}_model", check_verifier(s.eagle_head_path, s.target_model_path))
 
     def _slot_gauges(self, pb, total: int) -> None:
         # Triton requires a MetricFamily to outlive its metrics: keep both on the instance.

@@ -2,11 +2,13 @@
 
 Environment variables win over config.pbtxt, so one deployment setting (a Helm value, a
 `docker run -e`) reaches all models at once; a bad value fails the load with its name.
+Checkpoint paths are set in the environment only (no config.pbtxt carries them), and every
+model reads them through `model_paths`. docs/configuration.md lists every setting.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "SPECDEC_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The embedded default pair in a source checkout; an installed package (the image) names its
+# copy with $SPECDEC_DEFAULT_MODELS (default_pair()).
 DEFAULT_TARGET = REPO_ROOT / "models" / "default" / "target"
 DEFAULT_DRAFT = REPO_ROOT / "models" / "default" / "draft"
 
@@ -33,9 +37,9 @@ class SettingsError(ValueError):
     pass
 
 
-def _lookup(params: dict, name: str, env_name: str):
+def _lookup(params: dict, name: str, env_name: str | None):
     """The environment, then config.pbtxt `parameters` as Triton hands them to the backend."""
-    env = os.environ.get(env_name)
+    env = os.environ.get(env_name) if env_name else None
     if env not in (None, ""):
         return env, f"${env_name}"
     raw = params.get(name)
@@ -44,9 +48,11 @@ def _lookup(params: dict, name: str, env_name: str):
     return (raw if raw not in (None, "") else None), f"config.pbtxt parameter {name!r}"
 
 
-def _parse(cls, params: dict, env_names: dict[str, str] | None = None):
+def _parse(cls, params: dict, env_names: dict[str, str] | None = None, skip=()):
     values = {}
     for f in fields(cls):
+        if f.name in skip:
+            continue
         env_name = (env_names or {}).get(f.name, ENV_PREFIX + f.name.upper())
         raw, where = _lookup(params, f.name, env_name)
         if raw is None:
@@ -68,6 +74,60 @@ def _bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def default_pair() -> Path:
+    """The embedded default pair's directory (target/, draft/): $SPECDEC_DEFAULT_MODELS where the
+    package is installed apart from it (the image), else the source checkout's models/default."""
+    raw = os.environ.get(ENV_PREFIX + "DEFAULT_MODELS")
+    return Path(raw) if raw else REPO_ROOT / "models" / "default"
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    """The checkpoints a deployment serves; every model reads them through model_paths()."""
+    target: str
+    draft: str            # NO_DRAFT: no draft model
+    head: str             # "": no EAGLE-3 head
+    tokenizer: str        # what preprocessing and postprocessing load; the draft is checked against it
+    draft_reason: str     # why this draft, for the line logged at start
+
+
+# field: (the params key, the environment variable). Tests hand paths in `params`; no
+# config.pbtxt carries them, so the environment is the one place a deployment sets them.
+_PATHS = {"target": ("target_model_path", "TARGET_MODEL"),
+          "draft": ("draft_model_path", "DRAFT_MODEL"),
+          "head": ("eagle_head_path", "EAGLE_HEAD"),
+          "tokenizer": ("tokenizer_path", "TOKENIZER")}
+
+
+def model_paths(params: dict) -> ModelPaths:
+    """Target, draft, head and tokenizer paths. A target named by $SPECDEC_TARGET_MODEL other than
+    the default pair's gets no draft unless $SPECDEC_DRAFT_MODEL names one: the embedded toy
+    draft only ever proposes for the embedded target."""
+    got = {k: _lookup(params, key, ENV_PREFIX + env) for k, (key, env) in _PATHS.items()}
+    pair = default_pair()
+    default_target = str(pair / "target")
+    target = got["target"][0] or default_target
+    draft, where = got["draft"]
+    user_target = os.environ.get(ENV_PREFIX + "TARGET_MODEL") and not _same_dir(target,
+                                                                                 default_target)
+    if draft:
+        reason = f"draft model from {where}" if draft != NO_DRAFT else f"{where} is {NO_DRAFT!r}"
+    elif user_target:
+        draft = NO_DRAFT
+        reason = (f"$SPECDEC_TARGET_MODEL is {target}, not the default pair's target, and "
+                  f"$SPECDEC_DRAFT_MODEL is unset: the default toy draft serves only the default "
+                  f"target")
+    else:
+        draft, reason = str(pair / "draft"), "the default pair's draft model"
+    head = got["head"][0] or ""
+    return ModelPaths(target, draft, "" if head == NO_DRAFT else head,
+                      got["tokenizer"][0] or target, reason)
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """draft_model / target_model."""
@@ -83,16 +143,17 @@ class EngineSettings:
     fault: str = ""               # tests only: a fault script (faults.py); $SPECDEC_<ROLE>_FAULT
     eagle_head_path: str = ""     # target: an EAGLE-3 head drafting in its process; $SPECDEC_EAGLE_HEAD
     eagle_fault: str = ""         # tests only: the head's fault script; $SPECDEC_EAGLE_FAULT
+    tokenizer_path: str = ""      # the served tokenizer: the draft's own is checked against it
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
-        """role: "target" or "draft"; its path comes from $SPECDEC_TARGET_MODEL / _DRAFT_MODEL."""
-        s = _parse(cls, params, {"model_path": f"{ENV_PREFIX}{role.upper()}_MODEL",
-                                 "target_model_path": f"{ENV_PREFIX}TARGET_MODEL",
-                                 "fault": f"{ENV_PREFIX}{role.upper()}_FAULT",
-                                 "eagle_head_path": f"{ENV_PREFIX}EAGLE_HEAD"})
-        path = s.model_path or str(DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT)
-        target = s.target_model_path or (path if role == "target" else str(DEFAULT_TARGET))
+        """role: "target" or "draft"; paths from model_paths ($SPECDEC_TARGET_MODEL, ...)."""
+        s = _parse(cls, params, {"fault": f"{ENV_PREFIX}{role.upper()}_FAULT"},
+                   skip=("model_path", "target_model_path", "eagle_head_path", "tokenizer_path"))
+        if "model_path" in params:   # this model's own checkpoint, as the adapter tests hand it
+            params = {f"{role}_model_path": params["model_path"], **params}
+        paths = model_paths(params)
+        path, target = (paths.target if role == "target" else paths.draft), paths.target
         if path == NO_DRAFT and role != "draft":
             raise SettingsError(f"the {role} model cannot be {NO_DRAFT!r}")
         if s.dtype not in ("auto", *_DTYPES):
@@ -106,9 +167,9 @@ class EngineSettings:
                 faults.parse(getattr(s, name))
             except ValueError as e:
                 raise SettingsError(f"{name} {getattr(s, name)!r}: {e}") from None
-        head = s.eagle_head_path if role == "target" and s.eagle_head_path != NO_DRAFT else ""
+        head = paths.head if role == "target" else ""
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
-                   s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault)
+                   s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault, paths.tokenizer)
 
     @property
     def disabled(self) -> bool:
@@ -138,7 +199,7 @@ class EngineSettings:
 @dataclass(frozen=True)
 class OrchestratorSettings:
     """speculative_decoding."""
-    target_model_path: str = ""      # read for eos ids only; $SPECDEC_TARGET_MODEL
+    target_model_path: str = ""      # read for eos ids only; $SPECDEC_TARGET_MODEL (model_paths)
     max_seq_len: int = 1024          # must equal draft_model's and target_model's
     max_sequences: int = 16          # concurrent requests admitted; the rest wait
     max_tokens_limit: int = 1024     # largest max_tokens a request may ask for
@@ -155,6 +216,7 @@ class OrchestratorSettings:
                                      # else hybrid with a draft model, else ngram
     ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
     ngram_min_n: int = 2
+    draft_reason: str = field(default="", compare=False)   # model_paths': for the start line
 
     @property
     def has_draft(self) -> bool:
@@ -188,15 +250,28 @@ class OrchestratorSettings:
         return self.default_proposer or (
             "eagle" if self.has_head else "hybrid" if self.has_draft else "ngram")
 
+    def start_line(self) -> str:
+        """One line for the log at start: what this server drafts with, and why."""
+        parts = [f"draft model {self.draft_model_path}" if self.has_draft else "no draft model",
+                 "prompt lookup"]
+        if self.has_head:
+            parts.append(f"EAGLE-3 head {self.eagle_head_path}")
+        return (f"proposers {', '.join(self.proposers)} ({'; '.join(parts)}; draft: "
+                f"{self.draft_reason or 'given'}); requests that name none use "
+                f"{self.proposer!r}")
+
     @property
     def load_cap(self) -> tuple[int, int] | None:
         return (self.spec_full_below, self.spec_off_at) if self.spec_off_at else None
 
     @classmethod
     def parse(cls, params: dict) -> "OrchestratorSettings":
-        s = _parse(cls, params, {"target_model_path": ENV_PREFIX + "TARGET_MODEL",
-                                 "draft_model_path": ENV_PREFIX + "DRAFT_MODEL",
-                                 "eagle_head_path": ENV_PREFIX + "EAGLE_HEAD"})
+        paths = model_paths(params)
+        s = _parse(cls, params, skip=("target_model_path", "draft_model_path", "eagle_head_path",
+                                      "draft_reason"))
+        s = cls(**{**s.__dict__, "target_model_path": paths.target,
+                   "draft_model_path": paths.draft, "eagle_head_path": paths.head,
+                   "draft_reason": paths.draft_reason})
         if not -1 <= s.default_num_draft_tokens <= s.max_draft_tokens:
             raise SettingsError("default_num_draft_tokens must be -1 (auto) or within "
                                 "0..max_draft_tokens")
@@ -216,8 +291,7 @@ class OrchestratorSettings:
             raise SettingsError(f"default_proposer {s.default_proposer!r} needs {lacks}")
         if not 1 <= s.ngram_min_n <= s.ngram_max_n:
             raise SettingsError("need 1 <= ngram_min_n <= ngram_max_n")
-        path = s.target_model_path or str(DEFAULT_TARGET)
-        return cls(**{**s.__dict__, "target_model_path": path})
+        return s
 
 
 @dataclass(frozen=True)
@@ -254,8 +328,4 @@ class SupervisorSettings:
 
 def tokenizer_path(params: dict) -> str:
     """preprocessing / postprocessing: $SPECDEC_TOKENIZER, else the target model's directory."""
-    raw, _ = _lookup(params, "tokenizer_path", ENV_PREFIX + "TOKENIZER")
-    if raw:
-        return raw
-    raw, _ = _lookup(params, "target_model_path", ENV_PREFIX + "TARGET_MODEL")
-    return raw or str(DEFAULT_TARGET)
+    return model_paths(params).tokenizer

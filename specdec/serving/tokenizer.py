@@ -7,6 +7,8 @@ from transformers itself), never imported; and nothing is fetched from a hub.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer   # the serve extra; imported where it is needed
@@ -53,3 +55,53 @@ def encode_request(tokenizer, text: str, words: list[str],
     check_prompt_tokens(len(ids), limits)
     stops = stop_sequences(tokenizer, words)
     return ids, [t for s in stops for t in s], [len(s) for s in stops]
+
+
+# Files any of transformers' tokenizer classes loads a vocabulary from.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+class TokenizerMismatch(ValueError):
+    pass
+
+
+def vocab_digest(vocab: dict[str, int]) -> str:
+    """A short hash of a vocabulary's sorted (token, id) pairs: equal maps, equal digests."""
+    import hashlib
+    h = hashlib.sha256()
+    for token, i in sorted(vocab.items()):
+        h.update(f"{i}\t{token}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:12]
+
+
+def check_draft_tokenizer(draft_dir: str, tokenizer_dir: str, draft_vocab_size: int,
+                          target_vocab_size: int) -> str:
+    """Refuse a draft whose ids mean other tokens than the served tokenizer's. The draft's own
+    tokenizer lives beside its weights (a Hugging Face checkpoint directory); a token both
+    vocabularies hold must have one id in both, and an id both hold one token (a draft with
+    fewer added tokens is served: it never proposes ids it lacks). A draft directory with no
+    tokenizer files is compared by vocab_size alone. Returns a line saying what was checked."""
+    if not any((Path(draft_dir) / f).is_file() for f in TOKENIZER_FILES):
+        if draft_vocab_size != target_vocab_size:
+            raise TokenizerMismatch(
+                f"{draft_dir}: vocab_size {draft_vocab_size}, the target's {target_vocab_size}, "
+                f"and no tokenizer files ({', '.join(TOKENIZER_FILES)}) to show the ids agree: "
+                f"copy the draft's tokenizer beside its weights")
+        return (f"draft {draft_dir} has no tokenizer files: only vocab_size compared "
+                f"({draft_vocab_size} both)")
+    draft, served = load_tokenizer(draft_dir).get_vocab(), load_tokenizer(tokenizer_dir).get_vocab()
+    by_id = {i: t for t, i in served.items()}
+    moved = [(t, i, served[t]) for t, i in draft.items() if t in served and served[t] != i]
+    moved += [(t, i, None) for t, i in draft.items() if t not in served and i in by_id]
+    if moved:
+        token, ours, theirs = sorted(moved, key=lambda m: m[1])[0]
+        where = f"id {theirs}" if theirs is not None else f"absent (id {ours} is " \
+                                                          f"{by_id[ours]!r} there)"
+        raise TokenizerMismatch(
+            f"the draft's tokenizer ({draft_dir}) maps tokens to ids differently from the "
+            f"target's ({tokenizer_dir}): {len(moved)} tokens differ, first {token!r}: id {ours} "
+            f"in the draft's, {where} in the target's; vocabulary digests {vocab_digest(draft)} "
+            f"(draft) and {vocab_digest(served)} (target)")
+    same = "the same vocabulary" if len(draft) == len(served) else \
+        f"{len(draft)} of the target's {len(served)} tokens, at the same ids"
+    return f"draft tokenizer {draft_dir}: {same} (digest {vocab_digest(draft)})"

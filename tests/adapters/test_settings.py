@@ -13,7 +13,8 @@ def params(**values):
 
 def test_orchestrator_defaults_and_empty_parameters():
     s = OrchestratorSettings.parse(params(max_seq_len="", queue_timeout_s=""))
-    assert s == OrchestratorSettings(target_model_path=str(DEFAULT_TARGET))
+    assert s == OrchestratorSettings(target_model_path=str(DEFAULT_TARGET),
+                                     draft_model_path=str(DEFAULT_DRAFT))
 
 
 def test_orchestrator_parameters_are_typed():
@@ -21,7 +22,8 @@ def test_orchestrator_parameters_are_typed():
         target_model_path="/m/t", max_seq_len="256", max_sequences="3", max_tokens_limit="100",
         default_max_tokens="10", max_draft_tokens="6", default_num_draft_tokens="2",
         queue_timeout_s="0.5"))
-    assert s == OrchestratorSettings("/m/t", 256, 3, 100, 10, 6, 2, 0.5)
+    assert s == OrchestratorSettings("/m/t", 256, 3, 100, 10, 6, 2, 0.5,
+                                     draft_model_path=str(DEFAULT_DRAFT))
     assert isinstance(s.queue_timeout_s, float) and isinstance(s.max_seq_len, int)
 
 
@@ -95,7 +97,8 @@ def test_engine_config_paths():
     d = EngineSettings.parse(params(model_path="/cfg/draft", target_model_path="/cfg/target",
                                     max_sequences="2", max_seq_len="64", dtype="float16",
                                     device="cpu"), "draft")
-    assert d == EngineSettings("/cfg/draft", "/cfg/target", 2, 64, "float16", "cpu")
+    assert d == EngineSettings("/cfg/draft", "/cfg/target", 2, 64, "float16", "cpu",
+                               tokenizer_path="/cfg/target")
     t = EngineSettings.parse(params(model_path="/cfg/target"), "target")
     assert (t.model_path, t.target_model_path) == ("/cfg/target", "/cfg/target")
 

@@ -1,20 +1,26 @@
 """speculative_decoding: decoupled BLS orchestrator over draft_model and target_model."""
 import asyncio
 import json
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from specdec.config import ModelArgs
 from specdec.serving.adapter import parameters
 from specdec.serving.bls import BlsDrafter, BlsVerifier
+from specdec.serving.checks import check_shared_sizes, say
 from specdec.serving.metrics import Metrics
 from specdec.serving.orchestrator import Orchestrator
 from specdec.serving.settings import OrchestratorSettings
+
+REPOSITORY = Path(__file__).resolve().parents[2]   # <repository>/speculative_decoding/1/model.py
 
 
 class TritonPythonModel:
     def initialize(self, args):
         settings = OrchestratorSettings.parse(parameters(json.loads(args["model_config"])))
+        check_shared_sizes(settings, REPOSITORY)
+        say(args["model_name"], settings.start_line())
         target = ModelArgs.from_dir(settings.target_model_path)
         metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens)
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
