@@ -17,13 +17,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import protocol
+from .limits import Limits
 from .protocol import ApiError, Generation
 from .triton import SpecDecoding, TritonError, api_error
 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(server: SpecDecoding, tokenizer, served: str) -> FastAPI:
+def create_app(server: SpecDecoding, tokenizer, served: str,
+               limits: Limits = Limits()) -> FastAPI:
     app = FastAPI(title="triton-specdec OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None)
     created = int(time.time())
@@ -50,13 +52,13 @@ def create_app(server: SpecDecoding, tokenizer, served: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _serve(request, server, protocol.parse_chat(await _body(request), served,
-                                                                   tokenizer))
+        return await _serve(request, server, protocol.parse_chat(
+            await _body(request), served, tokenizer, limits.server))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _serve(request, server,
-                            protocol.parse_completion(await _body(request), served))
+        return await _serve(request, server, protocol.parse_completion(
+            await _body(request), served, limits.server))
 
     @app.get("/health")
     async def health() -> Response:

@@ -15,11 +15,13 @@ from typing import Any
 
 from specdec_client import GenerationParams, Result
 
+from ..serving.settings import OrchestratorSettings
+
 # Fields of OpenAI's request bodies that change nothing here (identification, storage, routing).
 IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
 SAMPLING = ("temperature", "top_p", "seed", "stop", "max_tokens", "top_k", "num_draft_tokens",
             "proposer", "stream", "stream_options", "n", "frequency_penalty", "presence_penalty",
-            "a logit bias (it would change the model's distribution)")
+            "logit_bias")
 CHAT_FIELDS = ("model", "messages", "max_completion_tokens", "logprobs", "top_logprobs",
                "tools", "tool_choice", "functions", "function_call", "response_format",
                "modalities") + SAMPLING + IGNORED
@@ -112,7 +114,7 @@ def _common(body: dict, fields: tuple[str, ...], served: str) -> None:
         raise bad("stream_options", "only with stream: true")
 
 
-def _params(body: dict, max_param: str) -> GenerationParams:
+def _params(body: dict, max_param: str, server: OrchestratorSettings) -> GenerationParams:
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -123,7 +125,7 @@ def _params(body: dict, max_param: str) -> GenerationParams:
         raise bad("proposer", "expected a string")
     k = body.get("num_draft_tokens")
     try:
-        return GenerationParams(
+        params = GenerationParams(
             max_tokens=_integer(body, max_param, 1), temperature=_number(body, "temperature", 0, 2),
             top_p=_number(body, "top_p", 0, 1), top_k=_integer(body, "top_k", 0),
             seed=_integer(body, "seed", 0), stop_words=stop or None,
@@ -132,6 +134,22 @@ def _params(body: dict, max_param: str) -> GenerationParams:
     except (TypeError, ValueError) as e:   # GenerationParams' own checks name the field
         name = str(e).split(" ", 1)[0]
         raise bad({"max_tokens": max_param, "stop_words": "stop"}.get(name, name), str(e))
+    _within(params, max_param, server)
+    return params
+
+
+def _within(params: GenerationParams, max_param: str, server: OrchestratorSettings) -> None:
+    """The orchestrator's own limits, in its words, under the body's names."""
+    if params.max_tokens is not None and params.max_tokens > server.max_tokens_limit:
+        raise bad(max_param, f"{params.max_tokens} is outside 1..{server.max_tokens_limit}")
+    k = params.num_draft_tokens
+    if k is not None and k > server.max_draft_tokens:
+        raise bad("num_draft_tokens", f"{k} is outside 0..{server.max_draft_tokens} (-1 or "
+                                      f"absent: chosen per round)")
+    lacks = params.proposer and server.missing(params.proposer)
+    if lacks:
+        raise bad("proposer", f"{params.proposer!r} needs {lacks}; this server drafts with "
+                              f"{', '.join(server.proposers)}")
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
@@ -144,7 +162,8 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
     return stream, bool(options.get("include_usage", False))
 
 
-def parse_chat(body: dict, served: str, tokenizer) -> Generation:
+def parse_chat(body: dict, served: str, tokenizer,
+               server: OrchestratorSettings = OrchestratorSettings()) -> Generation:
     _common(body, CHAT_FIELDS, served)
     _must_be(body, "logprobs", (None, False), "log probabilities")
     _must_be(body, "top_logprobs", (None, 0), "log probabilities")
@@ -160,11 +179,12 @@ def parse_chat(body: dict, served: str, tokenizer) -> Generation:
         else "max_tokens"
     stream, usage = _stream_flags(body)
     prompt = render_chat(tokenizer, messages(body.get("messages")))
-    return Generation(True, body["model"], prompt, _params(body, max_param), stream, usage,
-                      max_param)
+    return Generation(True, body["model"], prompt, _params(body, max_param, server), stream,
+                      usage, max_param)
 
 
-def parse_completion(body: dict, served: str) -> Generation:
+def parse_completion(body: dict, served: str,
+                     server: OrchestratorSettings = OrchestratorSettings()) -> Generation:
     _common(body, COMPLETION_FIELDS, served)
     _must_be(body, "echo", (None, False), "echoing the prompt")
     _must_be(body, "suffix", (None, ""), "a suffix (insertion)")
@@ -179,8 +199,8 @@ def parse_completion(body: dict, served: str) -> Generation:
     if not prompt:
         raise bad("prompt", "empty")
     stream, usage = _stream_flags(body)
-    return Generation(False, body["model"], prompt, _params(body, "max_tokens"), stream, usage,
-                      "max_tokens")
+    return Generation(False, body["model"], prompt, _params(body, "max_tokens", server), stream,
+                      usage, "max_tokens")
 
 
 def messages(raw: Any) -> list[dict[str, str]]:

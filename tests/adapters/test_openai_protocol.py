@@ -7,8 +7,11 @@ import json
 import pytest
 
 from specdec.openai import protocol
+from specdec.openai.limits import Limits
 from specdec.openai.protocol import ApiError, parse_chat, parse_completion
-from specdec.openai.triton import TritonError, api_error
+from specdec.openai.triton import SpecDecoding, TritonError, api_error
+from specdec.serving.requests import InvalidInput
+from specdec.serving.settings import OrchestratorSettings, RequestLimits, SettingsError
 from specdec.serving.tokenizer import encode_prompt, load_tokenizer
 from specdec_client import GenerationParams, Result
 from tests.e2e.conftest import ROOT
@@ -84,6 +87,65 @@ def test_each_unsupported_or_bad_field_is_a_400_naming_it(body, param):
     assert e.body()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("fields", [protocol.CHAT_FIELDS, protocol.COMPLETION_FIELDS])
+def test_the_field_lists_hold_names(fields):
+    """A sentence in a field list (it once held logit_bias's refusal) makes that field an
+    unknown parameter."""
+    bad_names = [f for f in fields if not f.isidentifier()]
+    assert not bad_names and len(set(fields)) == len(fields), bad_names
+
+
+def test_an_empty_logit_bias_is_no_bias_and_any_other_is_refused_for_its_reason():
+    for empty in ({}, None):
+        assert chat(logit_bias=empty).params == chat().params
+        assert parse_completion({"model": "m", "prompt": "p", "logit_bias": empty}, "m")
+    for call in (lambda: chat(logit_bias={"7": -100}),
+                 lambda: parse_completion({"model": "m", "prompt": "p",
+                                           "logit_bias": {"7": 1}}, "m")):
+        e = refused(call, "logit_bias")
+        assert "unknown" not in e.message and "distribution" in e.message, e.message
+
+
+def test_the_servers_request_limits_apply_under_the_bodys_names():
+    server = OrchestratorSettings(max_tokens_limit=100, max_draft_tokens=3,
+                                  draft_model_path="none")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    ok = parse_chat({**body, "max_tokens": 100, "num_draft_tokens": 3, "proposer": "ngram"},
+                    "m", Templated(), server)
+    assert (ok.params.max_tokens, ok.params.num_draft_tokens) == (100, 3)
+    e = refused(lambda: parse_chat({**body, "max_completion_tokens": 101}, "m", Templated(),
+                                   server), "max_completion_tokens")
+    assert e.message == "max_completion_tokens: 101 is outside 1..100"
+    refused(lambda: parse_completion({"model": "m", "prompt": "p", "max_tokens": 101}, "m",
+                                     server), "max_tokens")
+    refused(lambda: parse_chat({**body, "num_draft_tokens": 4}, "m", Templated(), server),
+            "num_draft_tokens")
+    e = refused(lambda: parse_chat({**body, "proposer": "draft"}, "m", Templated(), server),
+                "proposer")
+    assert "draft model" in e.message
+    # The defaults are the server's defaults: 1024 passes, 1025 does not.
+    assert chat(max_tokens=1024).params.max_tokens == 1024
+    refused(lambda: chat(max_tokens=1025), "max_tokens")
+
+
+def test_the_gateway_reads_the_servers_settings_from_the_environment(monkeypatch):
+    for name, value in (("SPECDEC_MAX_TOKENS_LIMIT", "200"), ("SPECDEC_DEFAULT_MAX_TOKENS", "20"),
+                        ("SPECDEC_MAX_DRAFT_TOKENS", "5"), ("SPECDEC_MAX_INPUT_BYTES", "16"),
+                        ("SPECDEC_DEFAULT_PROPOSER", "ngram")):
+        monkeypatch.setenv(name, value)
+    limits = Limits.read()
+    assert limits.server == OrchestratorSettings.parse({})
+    assert (limits.server.max_tokens_limit, limits.server.default_max_tokens,
+            limits.server.max_draft_tokens, limits.server.proposer) == (200, 20, 5, "ngram")
+    assert limits.request == RequestLimits.parse({}) and limits.request.max_input_bytes == 16
+    gateway = SpecDecoding("127.0.0.1:1", load_tokenizer(str(TARGET)), limits=limits.request)
+    with pytest.raises(InvalidInput, match="at most 16"):
+        gateway.inputs("a prompt longer than sixteen bytes", GenerationParams(), False, {})
+    monkeypatch.setenv("SPECDEC_DEFAULT_MAX_TOKENS", "500")   # over the limit: refused at start
+    with pytest.raises(SettingsError, match="default_max_tokens"):
+        Limits.read()
+
+
 def test_the_model_must_be_the_served_one():
     e = refused(lambda: parse_completion({"model": "other", "prompt": "x"}, "m"), "model", 404)
     assert e.code == "model_not_found"
@@ -121,7 +183,7 @@ def test_a_tokenizer_without_a_template_refuses_chat():
     ("input_ids: token ids must be within 0..4095", 400, "messages"),
     ("CUDA out of memory", 500, None)])
 def test_the_servers_errors_in_openais_words(message, status, param):
-    gen = chat(max_completion_tokens=5000)
+    gen = chat(max_completion_tokens=500)
     e = api_error(TritonError(message), gen)
     assert (e.status, e.param) == (status, param), e.body()
     if status == 503:
