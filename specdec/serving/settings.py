@@ -87,7 +87,7 @@ class ModelPaths:
     target: str
     draft: str            # NO_DRAFT: no draft model
     head: str             # "": no EAGLE-3 head
-    tokenizer: str        # what preprocessing and postprocessing load; the draft is checked against it
+    tokenizer: str        # what pre/postprocessing load; the draft's is checked against it
     draft_reason: str     # why this draft, for the line logged at start
 
 

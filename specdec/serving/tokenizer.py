@@ -94,9 +94,8 @@ def check_draft_tokenizer(draft_dir: str, tokenizer_dir: str, draft_vocab_size: 
     moved = [(t, i, served[t]) for t, i in draft.items() if t in served and served[t] != i]
     moved += [(t, i, None) for t, i in draft.items() if t not in served and i in by_id]
     if moved:
-        token, ours, theirs = sorted(moved, key=lambda m: m[1])[0]
-        where = f"id {theirs}" if theirs is not None else f"absent (id {ours} is " \
-                                                          f"{by_id[ours]!r} there)"
+        token, ours, theirs = min(moved, key=lambda m: m[1])
+        where = f"id {theirs}" if theirs is not None else f"absent (id {ours} is {by_id[ours]!r})"
         raise TokenizerMismatch(
             f"the draft's tokenizer ({draft_dir}) maps tokens to ids differently from the "
             f"target's ({tokenizer_dir}): {len(moved)} tokens differ, first {token!r}: id {ours} "
