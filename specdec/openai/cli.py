@@ -6,7 +6,9 @@
 Loopback by default, like the launcher. It calls the speculative_decoding model with token ids
 (so that a client that leaves stops its generation) and tokenizes with the served target's
 tokenizer: the target model's directory unless --tokenizer or $SPECDEC_TOKENIZER says otherwise,
-read with no remote code. `make serve` starts it beside tritonserver on port 9000.
+read with no remote code. The request limits and the shutdown grace period are the server's
+`SPECDEC_*` settings (limits.py, serving/shutdown.py). `make serve` starts it beside tritonserver
+on port 9000.
 """
 from __future__ import annotations
 
@@ -41,18 +43,23 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..serving.settings import tokenizer_path
+    from ..serving.shutdown import grace_s
     from ..serving.tokenizer import load_tokenizer
     from .app import create_app
+    from .limits import Limits
     from .triton import SpecDecoding
 
+    limits, grace = Limits.read(), grace_s()   # the server's SPECDEC_* settings, as it reads them
     path = args.tokenizer or tokenizer_path({})
     served = args.served_model_name or Path(path).resolve().name
     tokenizer = load_tokenizer(path)
-    app = create_app(SpecDecoding(args.grpc_url, tokenizer, args.triton_model), tokenizer,
-                     served)
+    app = create_app(SpecDecoding(args.grpc_url, tokenizer, args.triton_model, limits.request),
+                     tokenizer, served, limits)
     print(f"specdec openai: http://{args.host}:{args.port}/v1 serving '{served}' (Triton "
           f"{args.grpc_url}, model {args.triton_model}; chat template: "
           f"{'yes' if getattr(tokenizer, 'chat_template', None) else 'none'})", flush=True)
+    # After SIGTERM uvicorn closes the port (new requests are refused) and lets the requests
+    # under way finish for the server's own grace period, then cancels what is left.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log, timeout_graceful_shutdown=5)
+                access_log=args.access_log, timeout_graceful_shutdown=grace)
     return 0

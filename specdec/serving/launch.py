@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import math
 import os
 import secrets
 import shutil
@@ -30,10 +31,11 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from . import shutdown
 from .keeper import Keeper, http_health
 
-# Not settings.REPO_ROOT: that module imports torch, and the launcher stays resident beside the
-# server it keeps.
+# Not settings.REPO_ROOT: the launcher's path is the one that matters to it (an installed package
+# points elsewhere than a checkout only through this file).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -115,20 +117,30 @@ def command(model_repository: Path, backend_dir: Path | None, http: int, grpc: i
         "--model-control-mode=explicit", "--load-model=*",
         *restricted(secrets.token_urlsafe(24)),
         # Draft probabilities ([K, V] fp32 per sequence) travel through shared memory.
-        "--backend-config=python,shm-default-byte-size=16777216",
-        "--backend-config=python,shm-growth-byte-size=16777216",
-        *([] if _sets_prefix(extra) else
-          [f"--backend-config=python,shm-region-prefix-name={shm_prefix(start)}"]),
+        *_unless_set(extra, "--backend-config=python,shm-default-byte-size=16777216"),
+        *_unless_set(extra, "--backend-config=python,shm-growth-byte-size=16777216"),
+        *_unless_set(extra, f"--backend-config=python,shm-region-prefix-name={shm_prefix(start)}"),
+        # After SIGTERM, in-flight requests (streams) finish for this long; new ones are refused.
+        *_unless_set(extra, f"--exit-timeout-secs={math.ceil(shutdown.grace_s())}"),
         "--log-verbose=0",
         *extra,
     ]
 
 
+def _unless_set(extra, flag: str) -> list[str]:
+    """[flag], or [] when `extra` (the user's flags) sets the same option: one value per option,
+    the user's. (tritonserver 2.51 keeps the last of a repeated backend-config, measured; the
+    order is no contract, and a log that shows both values misleads.)"""
+    option = flag.rpartition("=")[0]
+    return [] if any(a.startswith(option + "=") for a in extra) else [flag]
+
+
 def _sets_prefix(extra) -> bool:
-    return any("shm-region-prefix-name" in a for a in extra)
+    return not _unless_set(extra, "--backend-config=python,shm-region-prefix-name=x")
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """The launcher's own options, and the tritonserver flags it passes on (`extra`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
     ap.add_argument("--backend-directory", type=Path, default=REPO_ROOT / ".triton" / "backends")
@@ -144,7 +156,11 @@ def main(argv=None) -> None:
     ap.add_argument("--openai-port", type=int, default=0,
                     help="also serve the OpenAI API (`specdec openai`) on this port, on the same "
                          "address; kept like the server. Default 0: off")
-    args, extra = ap.parse_known_args(argv)
+    return ap.parse_known_args(argv)
+
+
+def main(argv=None) -> None:
+    args, extra = parse_args(argv)
     if args.tritonserver:
         binary = shutil.which(args.tritonserver) or args.tritonserver
         backends, env = None, {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.serving import launch
+from specdec.openai.limits import Limits
+from specdec.serving import launch, shutdown
 
 from .helpers import CHART, REPO, copy_destination, env_names_read_by_code, openai_args
 
@@ -131,14 +132,91 @@ def test_examples_exist():
     assert EXAMPLES, "deploy/helm/examples/ should hold at least the Llama example"
 
 
+def env_names_read(monkeypatch) -> set[str]:
+    """What settings.py's parsers read (helpers' spy), and the launcher's and the gateway's own
+    parsers: they go through the same lookup, and the spy stays in place for the rest of the test,
+    recording into the set it returned."""
+    seen = env_names_read_by_code(monkeypatch)
+    shutdown.ShutdownSettings.parse()
+    Limits.read()
+    assert shutdown.ENV in seen
+    return seen
+
+
 def test_deployment_env_names_are_read_by_the_code(monkeypatch):
-    text = (TEMPLATES / "deployment.yaml").read_text()
+    text = "".join((TEMPLATES / f).read_text() for f in ("deployment.yaml", "_helpers.tpl"))
     names = set(re.findall(r"-\s+name:\s+(SPECDEC_[A-Z0-9_]+)", text))
     for needed in ("TARGET_MODEL", "DRAFT_MODEL", "DEFAULT_NUM_DRAFT_TOKENS", "MAX_SEQUENCES",
-                   "MAX_SEQ_LEN"):
+                   "MAX_SEQ_LEN", "DEFAULT_MAX_TOKENS", "DEFAULT_PROPOSER", "SHUTDOWN_GRACE_S"):
         assert f"SPECDEC_{needed}" in names
-    unknown = names - env_names_read_by_code(monkeypatch)
+    unknown = names - env_names_read(monkeypatch)
     assert not unknown, f"the code never reads {sorted(unknown)}"
+
+
+def settings_env() -> str:
+    text = (TEMPLATES / "_helpers.tpl").read_text()
+    start = text.index('{{- define "triton-specdec.settingsEnv" -}}')
+    return text[start:text.index("{{- end }}\n{{- end }}", start)]
+
+
+def test_both_containers_get_the_same_settings():
+    """The gateway applies the server's request limits: the same SPECDEC_* variables, from one
+    template, in both containers, with Helm values for the default max_tokens and proposer."""
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    server = text[text.index("        - name: tritonserver\n"):text.index("        - name: openai\n")]
+    for block in (server, openai_container_text()):
+        assert block.count('{{- include "triton-specdec.settingsEnv" . | nindent 12 }}') == 1
+        assert "SPECDEC_" not in block.replace("SPECDEC_*", "")   # all of them from the template
+    env = settings_env()
+    v = values()["specdec"]
+    assert v["defaultMaxTokens"] == 64 and v["defaultProposer"] == ""
+    assert re.search(r"- name: SPECDEC_DEFAULT_MAX_TOKENS\n\s+value: \{\{ \.Values\.specdec\."
+                     r"defaultMaxTokens \| int64 \| quote \}\}", env)
+    assert re.search(r"\{\{- with \.Values\.specdec\.defaultProposer \}\}\n- name: "
+                     r"SPECDEC_DEFAULT_PROPOSER\n", env)
+    for name in ("TARGET_MODEL", "DRAFT_MODEL", "EAGLE_HEAD", "TOKENIZER", "MAX_TOKENS_LIMIT",
+                 "MAX_DRAFT_TOKENS", "SHUTDOWN_GRACE_S"):
+        assert f"- name: SPECDEC_{name}\n" in env, name
+    assert "{{- with .Values.extraEnv }}" in env
+
+
+def test_the_shutdown_grace_is_the_pods_less_a_margin():
+    """tritonserver's --exit-timeout-secs and the gateway's graceful shutdown come from
+    SPECDEC_SHUTDOWN_GRACE_S, which the chart sets from terminationGracePeriodSeconds; the code's
+    default is what the chart's default gives."""
+    env = settings_env()
+    m = re.search(r"- name: SPECDEC_SHUTDOWN_GRACE_S\n\s+value: \{\{ max 0 \(sub \(int "
+                  r"\.Values\.terminationGracePeriodSeconds\) (\d+)\) \| quote \}\}", env)
+    assert m and int(m.group(1)) == shutdown.MARGIN_S
+    period = values()["terminationGracePeriodSeconds"]
+    assert shutdown.ShutdownSettings().shutdown_grace_s == period - shutdown.MARGIN_S
+    assert "terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}" in \
+        (TEMPLATES / "deployment.yaml").read_text()
+
+
+def test_a_rollout_needs_no_spare_gpu():
+    """Kubernetes' default rolling update starts a new pod (a GPU) before stopping an old one."""
+    strategy = values()["strategy"]
+    assert strategy == {"type": "RollingUpdate",
+                        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    assert "{{- with .Values.strategy }}\n  strategy:\n    {{- toYaml . | nindent 4 }}" in text
+    assert "strategy" in (REPO / "docs" / "deploy.md").read_text()
+
+
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLES])
+def test_examples_leave_k_on_auto(example):
+    """docs/tune.md: leave num_draft_tokens on auto; an example is what users copy."""
+    ex = yaml.safe_load((REPO / "deploy" / "helm" / "examples" / example).read_text())
+    assert ex.get("specdec", {}).get("numDraftTokens", -1) == -1
+
+
+def test_the_python_models_are_counted_right():
+    n = len(list((REPO / "model_repository").glob("*/1/model.py")))
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    for path in (TEMPLATES / "deployment.yaml", REPO / "docs" / "deploy.md"):
+        counts = re.findall(r"\b(\w+) Python models\b", path.read_text())
+        assert counts and all(c in (str(n), words[n]) for c in counts), (path.name, counts, n)
 
 
 def test_deployment_essentials():
@@ -173,15 +251,55 @@ def test_server_arguments_match_the_image(monkeypatch):
     assert "- --tritonserver=tritonserver\n" in text and "- --address=0.0.0.0\n" in text
     assert "- --model-repository={{ .Values.server.modelRepository }}\n" in text
     monkeypatch.setattr(launch, "pytriton_root", lambda: Path("/x"))
-    # The byte sizes; the launcher adds shm-region-prefix-name per start of the server itself.
+    # The chart's byte sizes are the launcher's defaults; the launcher adds
+    # shm-region-prefix-name per start of the server itself.
     wanted = {a.rpartition("=")[0]: int(a.rpartition("=")[2])
               for a in launch.command(Path("/r"), Path("/b"), 8000, 8001, 8002)
               if re.match(r"--backend-config=python,shm-\w+-byte-size=", a)}
     assert wanted == {
         "--backend-config=python,shm-default-byte-size": v["server"]["shmDefaultByteSize"],
         "--backend-config=python,shm-growth-byte-size": v["server"]["shmGrowthByteSize"]}
-    for key in wanted:
-        assert f"- {key}={{{{ .Values.server." in text
+
+
+def server_args() -> list[str]:
+    """The tritonserver container's args as the template lists them, `.Values.server.*` left as
+    `{name}` for str.format, the extraArgs loop left out."""
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    block = text[text.index("        - name: tritonserver\n"):text.index("        - name: openai\n")]
+    items = re.findall(r"^            - (.+)$", block.split("          args:\n")[1]
+                       .split("          env:\n")[0], re.M)
+    return [re.sub(r"\{\{ \.Values\.server\.(\w+)(?: \| int64)? \}\}", r"{\1}", a)
+            for a in items if "{{ . " not in a]
+
+
+def test_the_charts_server_values_reach_tritonserver(monkeypatch):
+    """server.shm* and server.modelRepository as tritonserver gets them from the launcher: once,
+    the chart's value in place of the launcher's default (non-default values, so that the default
+    cannot pass for them); --exit-timeout-secs from SPECDEC_SHUTDOWN_GRACE_S."""
+    seen = {}
+
+    class Keeper:
+        def __init__(self, command, *_, **__):
+            seen["command"] = command
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(launch, "Keeper", Keeper)
+    monkeypatch.setenv(shutdown.ENV, "37")
+    chosen = {"shmDefaultByteSize": 33554432, "shmGrowthByteSize": 8388608,
+              "modelRepository": "/somewhere/repo"}
+    argv = [a.format(**chosen) for a in server_args()]
+    assert argv[:3] == ["python3", "-m", "specdec.serving.launch"]
+    with pytest.raises(SystemExit):
+        launch.main(argv[3:])
+    command = seen["command"](0)
+    for option, value in (("shm-default-byte-size", 33554432), ("shm-growth-byte-size", 8388608)):
+        given = [a for a in command if a.startswith(f"--backend-config=python,{option}=")]
+        assert given == [f"--backend-config=python,{option}={value}"], given
+    assert [a for a in command if a.startswith("--exit-timeout-secs")] == ["--exit-timeout-secs=37"]
+    assert "--model-repository=/somewhere/repo" in command
+    assert sum(a.startswith("--backend-config=python,shm-region-prefix-name=") for a in command) == 1
 
 
 def test_pods_run_non_root_on_a_read_only_root_filesystem():
@@ -337,7 +455,12 @@ def test_helm_template(variant, monkeypatch):
     assert all(isinstance(x, str) and "e+" not in x for x in env.values()), env
     specdec_names = {n for n in env if n.startswith("SPECDEC_")}
     assert env["HOME"] == "/tmp"
-    assert specdec_names <= env_names_read_by_code(monkeypatch)
+    assert specdec_names <= env_names_read(monkeypatch)
+    gateway_env = {e["name"]: e["value"] for e in gateway["env"]}
+    assert {n: env[n] for n in specdec_names} == \
+        {n: gateway_env.get(n) for n in specdec_names}
+    assert env["SPECDEC_SHUTDOWN_GRACE_S"] == str(pod["terminationGracePeriodSeconds"] - 5)
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]

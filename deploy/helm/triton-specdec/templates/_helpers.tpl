@@ -43,3 +43,58 @@ tokenizer's directory (models.tokenizer, else models.target, else the image's de
 {{- define "triton-specdec.servedModelName" -}}
 {{- .Values.openai.servedModelName | default (base (.Values.models.tokenizer | default .Values.models.target | default "/opt/specdec/models/default/target")) }}
 {{- end }}
+
+{{/* The SPECDEC_* settings, the same in both containers: the server's models read them, and the
+OpenAI gateway applies the same request limits (max_tokens, K, proposer, prompt size) before a
+request leaves it. SPECDEC_SHUTDOWN_GRACE_S: how long tritonserver (--exit-timeout-secs, from the
+launcher) and the gateway keep serving the streams under way after SIGTERM, the pod's
+terminationGracePeriodSeconds less 5 s for the exit itself (specdec/serving/shutdown.py). */}}
+{{- define "triton-specdec.settingsEnv" -}}
+{{- with .Values.models.target }}
+- name: SPECDEC_TARGET_MODEL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.models.draft }}
+- name: SPECDEC_DRAFT_MODEL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.models.eagleHead }}
+- name: SPECDEC_EAGLE_HEAD
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.models.tokenizer }}
+- name: SPECDEC_TOKENIZER
+  value: {{ . | quote }}
+{{- end }}
+- name: SPECDEC_DEFAULT_MAX_TOKENS
+  value: {{ .Values.specdec.defaultMaxTokens | int64 | quote }}
+{{- with .Values.specdec.defaultProposer }}
+- name: SPECDEC_DEFAULT_PROPOSER
+  value: {{ . | quote }}
+{{- end }}
+- name: SPECDEC_DEFAULT_NUM_DRAFT_TOKENS
+  value: {{ .Values.specdec.numDraftTokens | int64 | quote }}
+- name: SPECDEC_MAX_DRAFT_TOKENS
+  value: {{ .Values.specdec.maxDraftTokens | int64 | quote }}
+- name: SPECDEC_DRAFT_TIMEOUT_S
+  value: {{ .Values.specdec.draftTimeoutS | quote }}
+- name: SPECDEC_MAX_SEQUENCES
+  value: {{ .Values.specdec.maxSequences | int64 | quote }}
+- name: SPECDEC_MAX_SEQ_LEN
+  value: {{ .Values.specdec.maxSeqLen | int64 | quote }}
+- name: SPECDEC_MAX_TOKENS_LIMIT
+  value: {{ .Values.specdec.maxTokensLimit | int64 | quote }}
+- name: SPECDEC_QUEUE_TIMEOUT_S
+  value: {{ .Values.specdec.queueTimeoutS | quote }}
+- name: SPECDEC_DTYPE
+  value: {{ .Values.specdec.dtype | quote }}
+- name: SPECDEC_ATTENTION
+  value: {{ .Values.specdec.attention | quote }}
+- name: SPECDEC_CUDA_GRAPHS
+  value: {{ .Values.specdec.cudaGraphs | quote }}
+- name: SPECDEC_SHUTDOWN_GRACE_S
+  value: {{ max 0 (sub (int .Values.terminationGracePeriodSeconds) 5) | quote }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
