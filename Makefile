@@ -6,8 +6,15 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU build by default; on a CUDA machine: make serve TORCH="torch==2.13.0" (or the image's torch).
+# torch is installed first, on its own, from the index pip is set up with. Which build that is
+# depends on the index: from PyPI alone torch==2.13.0 is the CUDA build (several GB of nvidia-*
+# wheels, CPU or not); a CPU build (2.13.0+cpu) comes from a CPU index or a local wheel directory
+# in pip's configuration (find-links, as on this project's CI machines). With a CPU index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# TORCH_INDEX is an extra index: torch's own dependencies still come from the usual one, and
+# 2.13.0+cpu ranks above PyPI's 2.13.0, so pip takes the CPU build.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
 .PHONY: serve test install models draft clean loadtest bench tune soak storm
@@ -16,7 +23,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install --quiet --disable-pip-version-check \
+		$(if $(TORCH_INDEX),--extra-index-url "$(TORCH_INDEX)") "$(TORCH)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[serve,client,test]"
 	touch $(STAMP)
 

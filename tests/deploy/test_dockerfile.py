@@ -243,12 +243,21 @@ def test_pip_can_install_into_ubuntus_system_python():
 
 
 def constraint_pins() -> dict[str, str]:
+    """name -> version that constraints.txt pins for the image's Python (its markers applied)."""
+    python = f"{IMAGE_PYTHON[2]}.{IMAGE_PYTHON[3:]}"
     out = {}
     for line in (REPO / "constraints.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
-        if "==" in line:
-            name, _, version = line.partition("==")
-            out[normalize(name)] = version.strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        if req.marker and not req.marker.evaluate({"python_version": python,
+                                                   "python_full_version": f"{python}.0"}):
+            continue
+        (spec,) = req.specifier
+        assert spec.operator == "==", f"constraints.txt: {line!r} is not a pin"
+        assert normalize(req.name) not in out, f"constraints.txt pins {req.name} twice for {python}"
+        out[normalize(req.name)] = spec.version
     return out
 
 
