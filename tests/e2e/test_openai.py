@@ -150,7 +150,8 @@ def test_stop_seed_and_the_speculative_extras(client, triton):
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"presence_penalty": -1.0}, "presence_penalty"),
     ({"extra_body": {"ignore_eos": True}}, "ignore_eos"),
-    ({"max_tokens": 100000}, "max_tokens"),                 # refused by the ensemble
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"max_tokens": 100000}, "max_tokens"),                 # past max_tokens_limit
     ({"max_completion_tokens": 100000}, "max_completion_tokens"),
     ({"top_p": 0.0}, "top_p"),
     ({"extra_body": {"num_draft_tokens": 99}}, "num_draft_tokens"),
@@ -161,6 +162,12 @@ def test_what_is_not_implemented_or_out_of_range_is_a_400_naming_the_parameter(c
         client.chat.completions.create(model="specdec-chat", messages=CHAT, **kwargs)
     assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
     assert e.value.body["message"].startswith(f"{param}: ")
+
+
+def test_an_empty_logit_bias_changes_nothing(client, triton):
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=8,
+                                  temperature=0, logit_bias={})
+    assert r.choices[0].text == generate(triton.http, PROMPT, greedy(8)).text
 
 
 def test_an_unknown_model_is_a_404(client):
