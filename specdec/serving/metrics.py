@@ -11,10 +11,12 @@ observations.
 """
 from __future__ import annotations
 
+import json
 import time
 
 from ..estimates import DRAFT, PROPOSERS
 from ..loop import Round, Stats
+from . import probe
 
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 _RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
@@ -189,8 +191,19 @@ class Metrics:
         elif n:
             self.itl.observe(since_last_s / n)
 
-    def finished(self, reason: str, stats: Stats | None) -> None:
-        self._count(self.requests[reason if reason in self.requests else "error"], 1)
+    def finished(self, reason: str, stats: Stats | None, is_probe: bool = False) -> None:
+        """A request's end. A health probe's (`is_probe(request)`) is no user's request: it is
+        left out of specdec_requests_total, where it once made every probe an "invalid"."""
+        if not is_probe:
+            self._count(self.requests[reason if reason in self.requests else "error"], 1)
         if stats is not None and stats.total_draft_tokens:
             self.acceptance_rate.observe(stats.acceptance_rate)
         self.flush()
+
+
+def is_probe(request) -> bool:
+    """Whether a pb_utils.InferenceRequest is `specdec probe`'s (its request parameter)."""
+    try:
+        return json.loads(request.parameters() or "{}").get(probe.PARAMETER) is True
+    except (AttributeError, ValueError):
+        return False

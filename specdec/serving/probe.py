@@ -8,7 +8,8 @@ in its own process, without taking a sequence slot (a probe must pass on a full 
     target_model    releases a sequence that is not open (draft_model too, with --all)
     postprocessing  detokenizes one id
     speculative_decoding (decoupled: generate only) refuses max_tokens 0 by name, so it parsed
-                    the request; counted as finish_reason "invalid"
+                    the request; marked as a probe (the request parameter PARAMETER), so
+                    that specdec_requests_total counts users' requests only
     supervisor      (with --all) reports the models it watches
 
 Readiness leaves the draft out: without it requests still succeed, target-only, while the
@@ -45,6 +46,9 @@ INFER = {
     names.SUPERVISOR: [],
 }
 REQUIRED = (names.PREPROCESSING, names.TARGET_MODEL, names.POSTPROCESSING)
+# A key of a generate body that is no input of the model reaches it as a request parameter.
+PARAMETER = "specdec_probe"
+ORCHESTRATOR_BODY = {names.INPUT_IDS: [0], names.MAX_TOKENS: 0, PARAMETER: True}
 OPTIONAL = (names.DRAFT_MODEL, names.SUPERVISOR)
 
 
@@ -65,8 +69,8 @@ def check(url: str, model: str, timeout: float) -> str | None:
     """None when `model` ran the probe's request, else what went wrong."""
     try:
         if model == names.ORCHESTRATOR:
-            status, body = _post(url, f"/v2/models/{model}/generate",
-                                 {names.INPUT_IDS: [0], names.MAX_TOKENS: 0}, timeout)
+            status, body = _post(url, f"/v2/models/{model}/generate", ORCHESTRATOR_BODY,
+                                 timeout)
             error = body.get("error", "")
             return None if names.MAX_TOKENS in error else f"{status} {error or body}"
         status, body = _post(url, f"/v2/models/{model}/infer", {"inputs": INFER[model]}, timeout)
