@@ -61,9 +61,11 @@ COPY model_repository/ /opt/specdec/model_repository/
 COPY models/default/ /opt/specdec/models/default/
 
 # settings.py finds the default pair relative to a source checkout, which site-packages is not:
-# name the copied pair here. Mount your checkpoints (e.g. at /models) and override these.
-ENV SPECDEC_TARGET_MODEL=/opt/specdec/models/default/target \
-    SPECDEC_DRAFT_MODEL=/opt/specdec/models/default/draft \
+# SPECDEC_DEFAULT_MODELS names the copied pair's directory (target/, draft/, eagle/). Not
+# SPECDEC_TARGET_MODEL / SPECDEC_DRAFT_MODEL: set by the image, a draft could not be told from a
+# user's, and a user's target would be served beside the toy draft (settings.py model_paths).
+# Mount your checkpoints (e.g. at /models) and set SPECDEC_TARGET_MODEL (and a draft) to them.
+ENV SPECDEC_DEFAULT_MODELS=/opt/specdec/models/default \
     HF_HOME=/tmp/huggingface \
     HF_HUB_OFFLINE=1 \
     OMP_WAIT_POLICY=PASSIVE

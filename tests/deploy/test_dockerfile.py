@@ -12,7 +12,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from specdec.serving import launch, settings
+from specdec.serving import launch
 
 from .helpers import (DOCKERFILE, REPO, args_of, build_args, cmd, comment_above, copies,
                       copy_destination, dockerfile, env, env_names_read_by_code, flag, normalize,
@@ -187,19 +187,19 @@ def test_exposes_http_grpc_metrics_and_openai():
 
 def test_env_names_are_read_by_the_code(monkeypatch):
     names = {k for k in env() if k.startswith("SPECDEC_")}
-    assert {"SPECDEC_TARGET_MODEL", "SPECDEC_DRAFT_MODEL"} <= names
+    assert "SPECDEC_DEFAULT_MODELS" in names
     unknown = names - env_names_read_by_code(monkeypatch)
     assert not unknown, f"the code never reads {sorted(unknown)}"
 
 
 def test_default_models_env_points_at_the_copied_pair():
-    """settings.py's default pair sits relative to a source checkout; the image names it."""
+    """settings.py's default pair sits relative to a source checkout; the image names its
+    directory, and no draft: an image-set SPECDEC_DRAFT_MODEL would look like a user's and be
+    served beside a user's target."""
     e = env()
-    root = copy_destination("models/default")
-    base = settings.REPO_ROOT / "models" / "default"
-    for var, default in (("SPECDEC_TARGET_MODEL", settings.DEFAULT_TARGET),
-                         ("SPECDEC_DRAFT_MODEL", settings.DEFAULT_DRAFT)):
-        assert e[var] == f"{root}/{default.relative_to(base).as_posix()}"
+    assert e["SPECDEC_DEFAULT_MODELS"] == copy_destination("models/default")
+    assert "SPECDEC_DRAFT_MODEL" not in e
+    assert "SPECDEC_TARGET_MODEL" not in e
 
 
 def test_healthcheck_probes_the_models():

@@ -40,7 +40,7 @@ def installed_server(installed):
     pytriton_libs = Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs"
     env = {**clean_environment(),
            **{k: v for k, v in installed.env.items() if not k.startswith("PIP_")},
-           "SPECDEC_EAGLE_HEAD": str(Path(installed.env["SPECDEC_TARGET_MODEL"]).parent / "eagle"),
+           "SPECDEC_EAGLE_HEAD": str(Path(installed.env["SPECDEC_DEFAULT_MODELS"]) / "eagle"),
            # Rounds exactly the in-process loop's on a busy machine: no draft call times out.
            "SPECDEC_MAX_SEQUENCES": "2", "SPECDEC_DRAFT_TIMEOUT_S": "600",
            # The launcher looks for the wheel's libraries in its own site-packages; they are in
