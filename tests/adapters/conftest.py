@@ -81,9 +81,9 @@ def fresh_pb():
 def engine_config(checkpoints, role: str, max_sequences: int = 4,
                   max_seq_len: int = MAX_SEQ_LEN) -> dict:
     target, draft = checkpoints
-    params = {"model_path": target if role == "target" else draft, "target_model_path": target,
-              "max_sequences": str(max_sequences), "max_seq_len": str(max_seq_len),
-              "device": "cpu", "dtype": "float32"}
+    params = {f"{role}_model_path": target if role == "target" else draft,
+              "target_model_path": target, "max_sequences": str(max_sequences),
+              "max_seq_len": str(max_seq_len), "device": "cpu", "dtype": "float32"}
     return {"parameters": {k: {"string_value": v} for k, v in params.items()}}
 
 

@@ -201,7 +201,7 @@ def draft_with_tokenizer(checkpoints, tmp_path, tokenizer_from: Path | None, per
 
 def draft_config(checkpoints, draft: Path) -> dict:
     config = engine_config(checkpoints, "draft")
-    config["parameters"]["model_path"] = {"string_value": str(draft)}
+    config["parameters"]["draft_model_path"] = {"string_value": str(draft)}
     return config
 
 
