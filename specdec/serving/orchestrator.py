@@ -23,7 +23,7 @@ from ..ngram import NgramProposer
 from ..policy import Planner
 from . import detokenize
 from .adapter import read_inputs, triton_error
-from .metrics import Metrics
+from .metrics import Metrics, is_probe
 from .requests import InvalidInput, parse_request
 from .settings import OrchestratorSettings
 
@@ -57,6 +57,7 @@ class Orchestrator:
     async def handle(self, request) -> None:
         pb = self.pb
         sender = request.get_response_sender()
+        probe = is_probe(request)   # `specdec probe`'s: not counted as a user's request
         cancel = pb.get_input_tensor_by_name(request, names.CANCEL_GENERATION)
         if cancel is not None:
             self._cancel(int(cancel.as_numpy().reshape(-1)[0]))
@@ -124,7 +125,7 @@ class Orchestrator:
         finally:
             if not final_sent:
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            self.metrics.finished(finish, stats)
+            self.metrics.finished(finish, stats, probe)
 
     def _new_id(self) -> int:
         """A generation's id, also its sequence id in the models: random, not counted, since a
