@@ -71,7 +71,9 @@ def _install(src: Path, dst: Path) -> None:
 
 def environment() -> dict[str, str]:
     env = dict(os.environ)
-    libs = [Path(sysconfig.get_paths()["purelib"]) / "nvidia_pytriton.libs"]
+    # The wheel's bundled libraries sit beside its package, in the site-packages that holds
+    # nvidia-pytriton, which need not be this environment's own.
+    libs = [pytriton_root().parents[1] / "nvidia_pytriton.libs"]
     # The stub links libpython3.X.so: take this interpreter's, not another build of the same
     # minor version elsewhere on the system (their extension modules' symbols differ).
     libdir = Path(sysconfig.get_config_var("LIBDIR") or "")
@@ -142,7 +144,9 @@ def _sets_prefix(extra) -> bool:
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     """The launcher's own options, and the tritonserver flags it passes on (`extra`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    ap.add_argument("--model-repository", type=Path, default=None,
+                    help="the model repository (default: model_repository/ of a source "
+                         "checkout; required where the package is installed, as in the image)")
     ap.add_argument("--backend-directory", type=Path, default=REPO_ROOT / ".triton" / "backends")
     ap.add_argument("--address", default="127.0.0.1",
                     help="address HTTP, gRPC and metrics listen on (0.0.0.0: every interface)")
@@ -156,7 +160,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--openai-port", type=int, default=0,
                     help="also serve the OpenAI API (`specdec openai`) on this port, on the same "
                          "address; kept like the server. Default 0: off")
-    return ap.parse_known_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if args.model_repository is None:
+        args.model_repository = REPO_ROOT / "model_repository"
+        if not args.model_repository.is_dir():   # an installed copy: REPO_ROOT is site-packages
+            ap.error(f"--model-repository is required: no {args.model_repository} (the default "
+                     f"exists only in a source checkout)")
+    return args, extra
 
 
 def main(argv=None) -> None:
