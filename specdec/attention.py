@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
+from . import invariant
 from .kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -47,20 +48,23 @@ class Plan:
     masks: dict[int, torch.Tensor] | None = None  # SDPA: window -> [B, 1, T, L] keys a query sees
     seqlens: torch.Tensor | None = None   # flash: [B] int32 tokens cached before this forward
     slots: torch.Tensor | None = None     # flash: [B] int32 slot of each row
+    invariant: bool = False               # invariant.attention in place of SDPA
 
 
 def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
-         flash: FlashKernel | None) -> Plan:
+         flash: FlashKernel | None, batch_invariant: bool = False) -> Plan:
     """windows: the model's layers' windows (0: global). Each row's run of positions starts at
-    its cached length; batch.max_end bounds where flash-attn would write."""
+    its cached length; batch.max_end bounds where flash-attn would write. batch_invariant:
+    every query attends as it would alone (invariant.py), never by flash-attn."""
     positions = batch.positions                                             # [B, T]
-    if flash is not None and batch.max_end <= cache.max_len:
+    if flash is not None and not batch_invariant and batch.max_end <= cache.max_len:
         return Plan(flash=flash, seqlens=positions[:, 0].to(torch.int32),
                     slots=batch.read_slots.to(torch.int32))
     keys = torch.arange(batch.kv_len, device=positions.device)
     pos = positions[:, None, :, None]                                       # [B, 1, T, 1]
     causal = keys <= pos                                                    # [B, 1, T, L]
-    return Plan(masks={w: causal & (keys > pos - w) if w else causal for w in windows})
+    return Plan(masks={w: causal & (keys > pos - w) if w else causal for w in windows},
+                invariant=batch_invariant)
 
 
 def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
@@ -78,7 +82,9 @@ def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
                               batch.first_slot)                             # [B, L, KV, D]
     q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
     mask = p.masks[window]
-    if softcap is None:
+    if p.invariant:
+        out = invariant.attention(q, keys, values, mask, scale or q.shape[-1] ** -0.5, softcap)
+    elif softcap is None:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                              enable_gqa=q.shape[1] != keys.shape[1])
     else:

@@ -74,16 +74,19 @@ class Engine:
     def __init__(self, model: Transformer, max_sequences: int, max_len: int,
                  device: torch.device, vocab_size: int | None = None,
                  attention_kind: str = "auto", cuda_graphs: bool | None = None,
-                 head: EagleHead | None = None):
+                 head: EagleHead | None = None, batch_invariant: bool = False):
         """attention_kind: auto, sdpa or flash (attention.choose). cuda_graphs: replay small
         forwards (the head's too) from CUDA graphs (graphs.py); None = on CUDA. head: an EAGLE-3
-        head drafting inside verify (eagle/). Load errors raise ValueError."""
+        head drafting inside verify (eagle/). batch_invariant: score each token with the same
+        arithmetic whatever its batch holds (invariant.py). Load errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
         self.dtype = model.lm_head.weight.dtype
         self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                              self.dtype, device)
         model.flash = attention.choose(attention_kind, device, self.dtype)
+        if batch_invariant:
+            model.make_batch_invariant()
         # A draft serving another model's vocabulary drafts only ids the target has, and is fed
         # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.
         self.vocab_size = min(vocab_size or a.vocab_size, a.vocab_size)
@@ -110,7 +113,8 @@ class Engine:
     @classmethod
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
              device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
-             cuda_graphs: bool | None = None, head_path: str | None = None) -> "Engine":
+             cuda_graphs: bool | None = None, head_path: str | None = None,
+             batch_invariant: bool = False) -> "Engine":
         """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
         loudly if the pool cannot fit."""
         model = load_model(path, dtype, device)
@@ -130,7 +134,7 @@ class Engine:
                 f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
                 f"lower max_sequences or max_seq_len")
         return cls(model, max_sequences, max_len, device, vocab_size, attention_kind, cuda_graphs,
-                   head)
+                   head, batch_invariant)
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.fits(batch):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention
+from . import attention, invariant
 from .config import ModelArgs, Rope
 from .kv_cache import KVCache
 
@@ -145,6 +145,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((head * cos + head.roll(r // 2, -1) * sin, x[..., r:]), -1)
 
 
+class Linear(nn.Linear):
+    """nn.Linear; `blocked` (set by Transformer.make_batch_invariant): over fixed row blocks."""
+    blocked = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked:
+            return invariant.linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+
 class RMSNorm(nn.Module):
     """Llama's (w times the normalized x cast back), or Gemma's (x (1 + w), all in float32)."""
 
@@ -166,8 +176,8 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.args = layer, args
         h, kv, d = args.num_heads, args.num_kv_heads, args.head_dim
-        self.qkv_proj = nn.Linear(args.hidden_size, (h + 2 * kv) * d, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_bias)
+        self.qkv_proj = Linear(args.hidden_size, (h + 2 * kv) * d, bias=args.qkv_bias)
+        self.o_proj = Linear(h * d, args.hidden_size, bias=args.o_bias)
         if args.qk_norm:   # over each head, before RoPE
             self.q_norm = RMSNorm(d, args.rms_norm_eps, args.gemma_norms)
             self.k_norm = RMSNorm(d, args.rms_norm_eps, args.gemma_norms)
@@ -197,8 +207,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
         self.gelu = args.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -246,13 +256,23 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.model = Backbone(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_table(args), persistent=False)
         self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
         # Layers whose outputs (residual stream, before the next layer) forward also returns:
         # an EAGLE-3 head's features (eagle/). Set by the engine that serves the head.
         self.capture: tuple[int, ...] = ()
+        self.invariant = False   # make_batch_invariant
+
+    def make_batch_invariant(self) -> None:
+        """Score every token with the same arithmetic whatever its forward holds (invariant.py):
+        attention by invariant.attention, and each linear layer over fixed row blocks unless
+        this device's own kernel is shown row-invariant at its shape."""
+        self.invariant = True
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.blocked = not invariant.plain_linear_is_invariant(m.weight)
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
@@ -267,7 +287,7 @@ class Transformer(nn.Module):
             x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
         rotations = [rotation(self.args.ropes[r], self.inv_freq[r], batch.positions, x.dtype)
                      for r in range(len(self.inv_freq))]
-        plan = attention.plan(batch, cache, self.windows, self.flash)
+        plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant)
         captured = {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, *rotations[layer.rope], plan, batch, cache)

@@ -1,0 +1,106 @@
+"""Batch-invariant arithmetic: a token's logits computed the same way whatever shares its forward.
+
+Speculative greedy output equals target-only output only if the target scores a token with the
+same arithmetic in a K+1-token verification as in a one-token step, beside any rows and padding.
+Kernels are chosen by shape, and a different kernel sums in a different order: measured on our
+CPUs (PyTorch 2.13), a float32 matmul gives other low bits for a row at M = 1 than at M = 5, and
+in bfloat16 the attention of one query differs from the same query among five in about 1 case
+of 10 (SDPA). In bfloat16 that flips near-ties: 3-6 of 16 held-out prompts left the target's
+greedy text within 128 tokens. The idea is that of batch-invariant kernels (He et al., "Defeating
+Nondeterminism in LLM Inference", Thinking Machines 2025), here with PyTorch's own operators:
+
+- Linear layers run over blocks of exactly ROWS rows (the last one padded): every row of every
+  forward goes through one GEMM shape, in which a row's sums do not depend on the other rows.
+- Attention computes scores and softmax in float32 over keys padded to a multiple of KV_BLOCK,
+  the masked keys' weights being exact zeros; each token's heads go to the score GEMM alone,
+  and values are summed per KV_BLOCK keys (one GEMM shape) and then across blocks in order, so
+  the blocks past a query's own position add exact zeros.
+Norms, softmax over the vocabulary and sampling reduce each row alone already.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ROWS = 16       # rows per GEMM: a multiple of the CPU and GPU kernels' row tiles
+KV_BLOCK = 64   # keys per block of the value sum; keys are padded to a multiple of it
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias), each row computed in a [ROWS, in] x [in, out] GEMM."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])
+    m = rows.shape[0]
+    pad = -m % ROWS
+    if pad:
+        rows = F.pad(rows, (0, 0, 0, pad))
+    blocks = rows.view(-1, ROWS, shape[-1])                                # [N, ROWS, in]
+    # bmm over a stride-0 weight: one call, one GEMM shape per block, no copy of the weight.
+    out = torch.bmm(blocks, weight.t().expand(blocks.shape[0], -1, -1))   # [N, ROWS, out]
+    out = out.reshape(-1, weight.shape[0])[:m]
+    if bias is not None:
+        out = out + bias
+    return out.view(*shape[:-1], weight.shape[0])
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+              scale: float, softcap: float | None) -> torch.Tensor:
+    """q [B, H, T, D]; k, v [B, KV, L, D]; mask [B, 1, T, L] (True: attend). Returns
+    [B, H, T, D] in q's dtype. Each token's g = H / KV query heads of one key/value head are
+    one [g, D] x [D, L] GEMM, and its value sum [g, KV_BLOCK] x [KV_BLOCK, D] GEMMs: the shapes
+    of a token alone, however many tokens and rows the forward holds."""
+    b, h, t, d = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    g = h // kv
+    pad = -length % KV_BLOCK
+    if pad:   # the engine reads whole blocks from its cache; this covers other callers
+        k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+        mask = F.pad(mask, (0, pad))
+    n, blocks = length + pad, (length + pad) // KV_BLOCK
+    # bmm over contiguous copies: a GEMM's order depends on its operands' layouts as well as
+    # its shape (a transposed view takes another kernel), and torch.matmul folds broadcast
+    # batch dimensions into the rows for some layouts.
+    rows = q.reshape(b, kv, g, t, d).transpose(2, 3).float().reshape(-1, g, d).contiguous()
+    keys = k.float()[:, :, None].expand(b, kv, t, n, d).reshape(-1, n, d).contiguous()
+    scores = torch.bmm(rows, keys.transpose(1, 2)).view(b, kv, t, g, n) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask[:, :, :, None], float("-inf"))
+    p = scores.softmax(-1).view(b, kv, t, g, blocks, KV_BLOCK).transpose(3, 4)
+    values = v.float().view(b, kv, 1, blocks, KV_BLOCK, d).expand(b, kv, t, blocks, KV_BLOCK, d)
+    parts = torch.bmm(p.reshape(-1, g, KV_BLOCK).contiguous(),
+                      values.reshape(-1, KV_BLOCK, d).contiguous())
+    out = _sum_in_order(parts.view(b * kv * t, blocks, g, d))                # [BKVT, g, D]
+    return out.view(b, kv, t, g, d).permute(0, 1, 3, 2, 4).reshape(b, h, t, d).to(q.dtype)
+
+
+def _sum_in_order(parts: torch.Tensor) -> torch.Tensor:
+    """parts [X, blocks, ...] summed over blocks left to right, so trailing zero blocks change
+    nothing. The CPU's cumsum is that loop (accumulating in float64); CUDA's is a parallel scan
+    whose association depends on the length, so there the loop is written out."""
+    if parts.device.type == "cpu":
+        return parts.cumsum(1)[:, -1].float()
+    out = parts[:, 0]
+    for j in range(1, parts.shape[1]):
+        out = out + parts[:, j]
+    return out
+
+
+# Row counts a forward may give a linear layer, probed at load (kernels switch on small M).
+_PROBE_ROWS = (2, 3, 5, 8, 9, 16, 17, 33, 64, 65, 129)
+_probed: dict[tuple, bool] = {}
+
+
+def plain_linear_is_invariant(weight: torch.Tensor) -> bool:
+    """Whether F.linear at this weight's shape, dtype and device gives every row the bits it
+    gets alone, at each of _PROBE_ROWS rows (some CPU kernels do: bfloat16 without AMX sums
+    each output in one order). Then the blocks are pure cost and `linear` is not needed."""
+    key = (weight.device.type, weight.dtype, tuple(weight.shape))
+    if key not in _probed:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(max(_PROBE_ROWS), weight.shape[1], generator=gen).to(weight)
+        with torch.inference_mode():
+            alone = torch.cat([F.linear(x[i:i + 1], weight) for i in range(len(x))])
+            _probed[key] = all(torch.equal(F.linear(x[:m], weight), alone[:m])
+                               for m in _PROBE_ROWS)
+    return _probed[key]
