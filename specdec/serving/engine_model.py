@@ -40,10 +40,12 @@ class _EngineModel:
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
         self.check_pair(s, vocab)
         device = s.torch_device()
-        self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, s.torch_dtype(),
+        dtype = s.torch_dtype()
+        self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
                                   device, vocab_size=vocab, attention_kind=s.attention,
                                   cuda_graphs=s.cuda_graphs and device.type == "cuda",
-                                  head_path=s.eagle_head_path or None)
+                                  head_path=s.eagle_head_path or None,
+                                  batch_invariant=s.invariant(self.role, dtype))
         if s.eagle_fault:   # tests only: the head fails inside a verification that stands
             head_faults = faults.Injector(faults.parse(s.eagle_fault))
             self.engine.head_fault = lambda: head_faults.before(1)[0]

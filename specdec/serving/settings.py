@@ -144,6 +144,9 @@ class EngineSettings:
     eagle_head_path: str = ""     # target: an EAGLE-3 head drafting in its process; $SPECDEC_EAGLE_HEAD
     eagle_fault: str = ""         # tests only: the head's fault script; $SPECDEC_EAGLE_FAULT
     tokenizer_path: str = ""      # the served tokenizer: the draft's own is checked against it
+    # target: score every token with the same arithmetic whatever its batch (specdec/invariant.py);
+    # auto: on in 16-bit dtypes, where near-ties flip. The draft's arithmetic never changes output.
+    batch_invariant: str = "auto"
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
@@ -162,6 +165,8 @@ class EngineSettings:
             raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
         if s.attention not in ("auto", "sdpa", "flash"):
             raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
+        if s.batch_invariant not in ("auto", "on", "off"):
+            raise SettingsError(f"batch_invariant {s.batch_invariant!r}: expected auto, on or off")
         for name in ("fault", "eagle_fault"):
             try:
                 faults.parse(getattr(s, name))
@@ -169,7 +174,8 @@ class EngineSettings:
                 raise SettingsError(f"{name} {getattr(s, name)!r}: {e}") from None
         head = paths.head if role == "target" else ""
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
-                   s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault, paths.tokenizer)
+                   s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault, paths.tokenizer,
+                   s.batch_invariant)
 
     @property
     def disabled(self) -> bool:
@@ -187,6 +193,15 @@ class EngineSettings:
         half the cores. Measured on 2 vCPUs, default pair: a target step takes 4.3 ms with one
         thread, 27 ms with two spinning OpenMP threads, 4.9 ms with two passive ones."""
         return self.cpu_threads or max(1, (os.cpu_count() or 2) // 2)
+
+    def invariant(self, role: str, dtype: torch.dtype) -> bool:
+        """Whether this model computes batch-invariantly: the target, in 16-bit dtypes unless
+        set. Measured on the CPU (docs/exactness.md): float32 rarely flips a token and costs
+        its blocked matmuls; bfloat16 flipped 3-6 of 16 prompts and costs little."""
+        import torch
+        if role != "target" or self.batch_invariant == "off":
+            return False
+        return self.batch_invariant == "on" or dtype in (torch.bfloat16, torch.float16)
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -83,12 +83,18 @@ def _ready(http: str) -> bool:
         return False
 
 
+# The references the tests compute in process are float32 on the CPU: servers run the same,
+# also on a GPU machine, unless a test asks for its device and dtype (test_exact_bf16.py).
+REFERENCE_NUMERICS = {"SPECDEC_DEVICE": "cpu", "SPECDEC_DTYPE": "float32"}
+
+
 def launch(tmp_path_factory, env: dict[str, str] | None = None):
     """A tritonserver on free loopback ports with the embedded pair and `env` (SPECDEC_*) over
     it; yields it ready, stops it after."""
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     full = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+    full.update(REFERENCE_NUMERICS)
     full.update(env or {})
     with open(log, "wb") as out:
         proc = subprocess.Popen(
