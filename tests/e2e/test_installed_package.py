@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import pytriton
 import torch
 from transformers import AutoTokenizer
 
@@ -37,15 +36,12 @@ def installed(tmp_path_factory):
 def installed_server(installed):
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     log = installed.root / "tritonserver.log"
-    pytriton_libs = Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs"
     env = {**clean_environment(),
            **{k: v for k, v in installed.env.items() if not k.startswith("PIP_")},
            "SPECDEC_EAGLE_HEAD": str(Path(installed.env["SPECDEC_DEFAULT_MODELS"]) / "eagle"),
            # Rounds exactly the in-process loop's on a busy machine: no draft call times out.
            "SPECDEC_MAX_SEQUENCES": "2", "SPECDEC_DRAFT_TIMEOUT_S": "600",
-           # The launcher looks for the wheel's libraries in its own site-packages; they are in
-           # the borrowed one.
-           "LD_LIBRARY_PATH": str(pytriton_libs), PROBE_ENV: str(installed.probe_dir)}
+           PROBE_ENV: str(installed.probe_dir)}
     repository = installed.image_path(copy_destination("model_repository"))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
