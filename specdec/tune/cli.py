@@ -12,21 +12,22 @@ from pathlib import Path
 
 from ..config import CheckpointError
 from ..prompts import PromptsError, encode, load_prompts
+from ..serving.settings import default_pair
 from .pair import check_pair
-
-REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = REPO / "models" / "default"
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--target", type=Path, default=DEFAULTS / "target",
+    # The embedded pair as the server finds it: $SPECDEC_DEFAULT_MODELS (the image), else the
+    # source checkout's models/default.
+    pair = default_pair()
+    ap.add_argument("--target", type=Path, default=pair / "target",
                     help="target checkpoint directory (default: the embedded pair's)")
-    ap.add_argument("--draft", type=Path, default=DEFAULTS / "draft")
+    ap.add_argument("--draft", type=Path, default=pair / "draft")
     ap.add_argument("--eagle-head", type=Path,
                     help="tune an EAGLE-3 head of the target (either published format, or "
                          "specdec distill --method eagle3) instead of --draft; with --url, the "
                          "server's proposer=eagle")
-    ap.add_argument("--prompts", type=Path, default=DEFAULTS / "heldout_prompts.jsonl",
+    ap.add_argument("--prompts", type=Path, default=pair / "heldout_prompts.jsonl",
                     help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}) or plain text, "
                          "one prompt per line: your own traffic, as close as you have it")
     ap.add_argument("--num-prompts", type=int, default=16, help="the first N prompts (16)")
