@@ -17,8 +17,9 @@ TOP_LEVEL = ("benchmarks", "client", "deploy", "docs", "loadtest", "model_reposi
              "scripts", "specdec", "tests", "Dockerfile", "Makefile", "pyproject.toml",
              "constraints.txt", "README.md", ".ci",
              "specdec_client")   # the client package lives in client/: name it by that path
-# Files of Triton's own repositories that the docs cite as sources, not files of this one.
-UPSTREAM = {"docs/introduction/compatibility.md"}
+# Files of other repositories that the docs name in backticks, not files of this one. Empty:
+# the docs link such files by URL instead.
+UPSTREAM: set[str] = set()
 OUTPUT_FLAGS = {"--out", "--json", ">", "--output", "-o"}
 
 INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
