@@ -9,7 +9,7 @@ Repeats alternate which side goes first.
 
     .venv/bin/python benchmarks/gateway.py [--repeats 3] [--prompts 32] [--max-tokens 64]
 
-Markdown on stdout, JSON in benchmarks/results/. Goal (docs/openai.md): the gateway adds at most
+Markdown on stdout, JSON in reports/. Goal (docs/openai.md): the gateway adds at most
 5 % to ITL.
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4, help="num_draft_tokens, fixed on both sides")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "reports")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     prompts = load_prompts(DEFAULT_PROMPTS, args.prompts)
