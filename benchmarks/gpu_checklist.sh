@@ -28,8 +28,15 @@ costs)
     # 1. CUDA correctness: captured graphs keep greedy output exact (draft, target, head), the
     #    flash-attn reference (where installed), the fast paths beside the eager ones.
     stamp "core tests on CUDA"
+    #    Batch invariance in bf16 on CUDA (test_batch_invariant.py): speculative greedy output
+    #    equal to target-only, graphs on and off; then its mismatch count and cost off and on.
     timeout 180 $py -m pytest -q -p no:cacheprovider tests/core/test_fast_paths.py \
         tests/core/test_speculative_eagle.py 2>&1 | tee "$out/core-tests.log" | tail -8
+    timeout 120 $py -m pytest -q -p no:cacheprovider tests/core/test_batch_invariant.py -k cuda \
+        2>&1 | tee -a "$out/core-tests.log" | tail -4
+    stamp "exactness in bf16, invariance off and on"
+    timeout 240 $py benchmarks/exactness.py --device cuda --json "$out/exactness.json" \
+        2>&1 | tee "$out/exactness.md"
     # 2 and 4: the pair and a head at real shapes; their costs in process.
     stamp "random pair and head"
     timeout 240 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head 2>&1 | tail -4

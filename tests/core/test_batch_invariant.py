@@ -171,3 +171,21 @@ def test_blocked_linear_gives_each_row_its_bits_alone(dtype):
         assert torch.equal(invariant.linear(x[:m], w, b), alone[:m])
     assert torch.allclose(invariant.linear(x, w, b).float(), F.linear(x, w, b).float(),
                           rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_cuda_bfloat16_draft_model_equals_target_only(checkpoint, cuda_graphs):
+    """The same on CUDA, where matmul and attention kernels are chosen by shape: cuBLAS through
+    the blocked linear, the invariant attention, and CUDA graphs' padded buckets."""
+    cuda = torch.device("cuda")
+
+    def engine(invariant):
+        return Engine(load_model(str(checkpoint / "target"), BF16, cuda), 16, MAX_LEN, cuda,
+                      cuda_graphs=cuda_graphs, batch_invariant=invariant)
+    target_ = engine(True)
+    ps = prompts(16)
+    ref = target_only(target_, ps, 128)
+    reqs = [Request(p, 128, 1 + i % 8) for i, p in enumerate(ps)]
+    results = generate(target_, engine(False), reqs)
+    assert mismatches(results, ref) == []

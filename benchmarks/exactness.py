@@ -1,0 +1,147 @@
+"""Speculative greedy output against target-only output in one dtype, with and without the
+batch-invariant arithmetic (specdec/invariant.py), and what the invariance costs.
+
+In process (the project's engine and loop, no Triton), on the default pair and its EAGLE-3 head
+unless told otherwise. Per mode (off, on): the target-only reference (all prompts batched), then
+the draft model at each K and at auto, prompt lookup, the head and hybrid, all prompts batched;
+for each, the prompts whose output differs from that mode's own reference and the first
+differing token, and output tokens per second. One line per run, a JSON summary at the end.
+
+    .venv/bin/python benchmarks/exactness.py                     # bf16, 16 prompts x 128 tokens
+    .venv/bin/python benchmarks/exactness.py --dtype float32 --ks 4
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specdec.engine import Engine  # noqa: E402
+from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
+from specdec.loop import Request, open_policy, speculate  # noqa: E402
+from specdec.ngram import NgramProposer  # noqa: E402
+from specdec.policy import Planner  # noqa: E402
+
+DEFAULT = ROOT / "models" / "default"
+
+
+def prompts(n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(DEFAULT / "target")
+    lines = (DEFAULT / "heldout_prompts.jsonl").read_text().splitlines()[:n]
+    return [tok(json.loads(line)["prompt"])["input_ids"] for line in lines]
+
+
+def run(target: Engine, draft: Engine | None, reqs: list[Request], head: bool) -> list[list[int]]:
+    drafter = LocalDrafter(draft) if draft else None
+    verifier, ngram, planner = LocalVerifier(target), NgramProposer(), Planner(8)
+
+    async def one(i, req):
+        out, policy = [], open_policy(planner, req)
+        try:
+            await speculate(1000 + i, req, drafter, verifier, target.max_len,
+                            lambda c: out.extend(c.tokens), policy=policy, ngram=ngram, head=head)
+        finally:
+            planner.close(policy)
+        return out
+
+    async def all_():
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
+    return asyncio.run(all_())
+
+
+def transformers_greedy(ps: list[list[int]], max_tokens: int, dtype) -> list[list[int]]:
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT / "target", dtype=dtype)
+    out = []
+    for p in ps:
+        ids = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        out.append(ids[0, len(p):].tolist())
+    return out
+
+
+def first_differences(out: list[list[int]], ref: list[list[int]]) -> list[int]:
+    return sorted(next(j for j, (x, y) in enumerate(zip(o + [-1], r + [-1])) if x != y)
+                  for o, r in zip(out, ref) if o != r)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ks", default="1,2,3,4,5,6,7,8,auto")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cost-repeats", type=int, default=3,
+                    help="then time target-only and --cost-k off and on, alternating, this often")
+    ap.add_argument("--cost-k", default="2")
+    ap.add_argument("--transformers", action="store_true",
+                    help="also compare target-only with transformers' greedy generate, same dtype")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    dtype, device = getattr(torch, a.dtype), torch.device(a.device)
+    ps = prompts(a.prompts)
+    max_len = max(map(len, ps)) + a.max_tokens + 16
+    draft = Engine.load(str(DEFAULT / "draft"), len(ps), max_len, dtype, device)
+    targets = {mode: Engine.load(str(DEFAULT / "target"), len(ps), max_len, dtype, device,
+                                 head_path=str(DEFAULT / "eagle"), batch_invariant=mode == "on")
+               for mode in ("off", "on")}
+
+    def timed(mode: str, proposer: str, k: str) -> tuple[list[list[int]], float]:
+        auto = k == "auto"
+        reqs = [Request(p, a.max_tokens, 8 if auto else int(k), proposer=proposer, auto=auto)
+                for p in ps]
+        t0 = time.perf_counter()
+        out = run(targets[mode], draft if proposer in ("draft", "hybrid") else None, reqs,
+                  proposer in ("eagle", "hybrid"))
+        return out, sum(map(len, out)) / (time.perf_counter() - t0)
+
+    summary = []
+    runs = [("draft", k) for k in a.ks.split(",")] + [("ngram", "8"), ("eagle", "4"),
+                                                      ("hybrid", "auto")]
+    for mode in ("off", "on"):
+        ref, _ = timed(mode, "ngram", "0")
+        for proposer, k in runs:
+            out, _ = timed(mode, proposer, k)
+            first = first_differences(out, ref)
+            print(f"invariant {mode}: {proposer} k={k}: {len(first)} of {len(ps)} differ from "
+                  f"target-only" + (f", first at tokens {first}" if first else ""), flush=True)
+            summary.append(dict(invariant=mode, proposer=proposer, k=k, differ=len(first),
+                                first=first))
+        if a.transformers and mode == "on":
+            first = first_differences(transformers_greedy(ps, a.max_tokens, dtype), ref)
+            print(f"transformers {a.dtype} greedy against target-only: {len(first)} of "
+                  f"{len(ps)} differ" + (f", first at tokens {first}" if first else ""),
+                  flush=True)
+            summary.append(dict(invariant=mode, proposer="transformers", differ=len(first),
+                                first=first))
+    costs: dict[tuple[str, str], list[float]] = {}
+    for r in range(a.cost_repeats):
+        for proposer, k in (("ngram", "0"), ("draft", a.cost_k)):
+            for mode in ("off", "on"):
+                costs.setdefault((mode, f"{proposer if k != '0' else 'target-only'} {k}"),
+                                 []).append(timed(mode, proposer, k)[1])
+    for (mode, what), tps in sorted(costs.items(), key=lambda x: (x[0][1], x[0][0])):
+        med = sorted(tps)[len(tps) // 2]
+        other = sorted(costs[("off", what)])[len(tps) // 2]
+        print(f"cost: {what}, invariant {mode}: {med:.0f} tok/s (median of {len(tps)}), "
+              f"{med / other:.2f}x invariant off", flush=True)
+        summary.append(dict(invariant=mode, cost=what, tok_s=tps))
+    if a.json:
+        a.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(a).items()},
+                                          runs=summary), indent=1))
+
+
+if __name__ == "__main__":
+    main()
