@@ -1,0 +1,138 @@
+"""specdec.simulate: engine calls padded to a cost table's times, the tables, their refusals."""
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import simulate
+from specdec.loop import Request
+from tests.core.conftest import engines, generate
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = [ROOT / "benchmarks" / "sim" / name for name in ("h100-8b-1b.json", "h100-8b-eagle.json")]
+
+
+def table_data(step_ms=20.0) -> dict:
+    ks = {str(k): step_ms * (1 + 0.05 * k) for k in range(1, 5)}
+    return {"format": simulate.FORMAT, "device": "test device",
+            "prefill_ms_per_token": {"target": 0.5, "draft": 0.1},
+            "batches": {str(b): {"step_ms": step_ms * (1 + 0.1 * b),
+                                 "verify_ms": {k: v * (1 + 0.1 * b) for k, v in ks.items()},
+                                 "propose_ms": {k: step_ms / 4 * int(k) for k in ks}}
+                        for b in (1, 4)}}
+
+
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
+def test_derived_tables_load_and_give_their_own_figures(path):
+    data = json.loads(path.read_text())
+    t = simulate.load_table(path)
+    assert data["simulated"] is True and "SIMULATED" in t.device
+    row = data["batches"]["4"]
+    assert t.seconds(simulate.VERIFY, 4, 1, 4) == pytest.approx(row["verify_ms"]["4"] / 1e3)
+    assert t.seconds(simulate.VERIFY, 4, 1, 0) == pytest.approx(row["step_ms"] / 1e3)
+    # The public batch-1 figure: an 8B step about 6.3 ms (SGLang's 158 tok/s).
+    assert 5.5e-3 < t.seconds(simulate.VERIFY, 1, 1, 0) < 7e-3
+    # Between batch sizes: between their costs.
+    lo, hi = t.seconds(simulate.VERIFY, 2, 1, 4), t.seconds(simulate.VERIFY, 4, 1, 4)
+    assert lo <= t.seconds(simulate.VERIFY, 3, 1, 4) <= hi
+    # A prompt past the table's k is a prefill: a step plus its tokens.
+    pre = data["prefill_ms_per_token"]["target"]
+    assert t.seconds(simulate.VERIFY, 1, 200, 0) == pytest.approx(
+        (data["batches"]["1"]["step_ms"] + 200 * pre) / 1e3)
+
+
+def test_head_and_draft_parts():
+    draft = simulate.load_table(TABLES[0])
+    head = simulate.load_table(TABLES[1])
+    assert 0.5e-3 < draft.seconds(simulate.PROPOSE, 1, 1, 1) < 1.5e-3     # one 1B step
+    assert draft.seconds(simulate.PROPOSE, 1, 1, 4) > 3 * draft.seconds(simulate.PROPOSE, 1, 1, 1)
+    assert 0 < head.seconds(simulate.HEAD, 1, 1, 1) < 1e-3                # one head step
+    assert head.seconds(simulate.HEAD, 1, 1, 0) == 0.0
+    assert not head.has("propose_ms") and not draft.has("head_verify_ms")
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["batches"]["1"].pop("step_ms"), "batches.1.step_ms"),
+    (lambda d: d["batches"]["4"]["verify_ms"].update({"2": -1}), "batches.4.verify_ms.2"),
+    (lambda d: d["batches"]["1"].pop("verify_ms"), "batches.1.verify_ms"),
+    (lambda d: d["batches"].update({"x": {}}), "key 'x'"),
+    (lambda d: d["batches"]["4"].pop("propose_ms"), "batches.1.propose_ms"),
+    (lambda d: d["prefill_ms_per_token"].pop("draft"), "prefill_ms_per_token.draft"),
+    (lambda d: d.update(format="v0"), "format"),
+    (lambda d: d.update(batches={}), "batches"),
+    (lambda d: d.update(runs={}), "costs.py"),
+])
+def test_a_bad_table_is_refused_naming_the_field(tmp_path, edit, field):
+    data = table_data()
+    edit(data)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(simulate.TableError, match=field.replace(".", r"\.")):
+        simulate.load_table(path)
+
+
+def test_a_draft_needs_propose_costs(pair_dir):
+    data = table_data()
+    for row in data["batches"].values():
+        row.pop("propose_ms")
+    t = simulate.parse_table(data)
+    _, draft = engines(pair_dir, torch.float32, 4, 64)
+    with pytest.raises(simulate.TableError, match="propose_ms"):
+        simulate.pad(draft, t, "draft")
+
+
+def test_padded_calls_take_their_table_time_and_change_no_token(pair_dir):
+    t = simulate.parse_table(table_data(step_ms=20.0))
+    plain_target, plain_draft = engines(pair_dir, torch.float32, 4, 64)
+    target, draft = engines(pair_dir, torch.float32, 4, 64)
+    simulate.pad(target, t, "target")
+    simulate.pad(draft, t, "draft")
+    reqs = [Request([1, 2, 3, 4], 12, 3), Request([5, 6, 7], 12, 3)]
+    t0 = time.perf_counter()
+    got = generate(target, draft, reqs)
+    wall = time.perf_counter() - t0
+    want = generate(plain_target, plain_draft, reqs)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    ts, ds = target.simulated, draft.simulated
+    assert ts.calls > 0 and ds.calls > 0
+    assert ts.by_kind == {simulate.VERIFY: ts.calls}
+    # Every call lasted at least its table time; the run at least all of them in sequence
+    # (the two requests' calls are batched together, one call at a time in this process).
+    assert ts.simulated_s >= ts.calls * t.seconds(simulate.VERIFY, 1, 1, 0)
+    assert wall >= ts.simulated_s + ds.simulated_s
+
+
+def test_one_call_lasts_at_least_its_time(pair_dir):
+    from specdec.engine import ProposeCall
+    from specdec.sampling import SamplingParams
+    t = simulate.parse_table(table_data(step_ms=40.0))
+    _, draft = engines(pair_dir, torch.float32, 4, 64)
+    simulate.pad(draft, t, "draft")
+    want = t.seconds(simulate.PROPOSE, 2, 3, 2)
+    t0 = time.perf_counter()
+    out = draft.propose([ProposeCall(1, 0, [1, 2, 3], 2, SamplingParams()),
+                         ProposeCall(2, 0, [4, 5], 2, SamplingParams())])
+    assert time.perf_counter() - t0 >= want
+    assert [len(p.tokens) for p in out] == [2, 2]
+
+
+def test_from_env(pair_dir, tmp_path, capsys):
+    target, _ = engines(pair_dir, torch.float32, 4, 64)
+    assert simulate.from_env(target, "target", {}) is target
+    assert not hasattr(target, "simulated")
+    assert simulate.from_env(None, "draft", {simulate.ENV: str(TABLES[0])}) is None
+    simulate.from_env(target, "target", {simulate.ENV: str(TABLES[0])})
+    assert target.simulated.calls == 0
+    assert "SIMULATED" in capsys.readouterr().err
+    with pytest.raises(simulate.TableError, match="cannot read"):
+        simulate.from_env(target, "target", {simulate.ENV: str(tmp_path / "none.json")})
+
+
+def test_table_data_is_not_shared():
+    a = table_data()
+    b = copy.deepcopy(a)
+    simulate.parse_table(a)
+    assert a == b    # parsing leaves the caller's object alone
