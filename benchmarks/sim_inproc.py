@@ -1,0 +1,99 @@
+"""The project's engine and loop in this process (specdec.local, no Triton), on the simulated
+device: the same requests a served run sends, batched as Triton's dynamic batcher would. What is
+left between this and the served run is the server's orchestration."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+from progress import log
+from sim_plan import AUTO, MAX_DRAFT_TOKENS, Mode, Setting, seed_of
+
+
+def _proposer(name: str):
+    from specdec.records import Proposer
+    return Proposer(name)
+
+
+class Local:
+    """Target (with the head) and draft engines padded to the table, as the server loads them."""
+
+    def __init__(self, args, max_sequences: int, max_seq_len: int):
+        import torch
+
+        from specdec import simulate
+        from specdec.config import ModelArgs
+        from specdec.engine import Engine
+        from specdec.local import LocalDrafter, LocalVerifier
+        from specdec.ngram import NgramProposer
+        from specdec.policy import Planner
+        margs = ModelArgs.from_dir(args.target)
+        cpu = torch.device("cpu")
+        table = simulate.load_table(args.table)
+        self.target = simulate.pad(Engine.load(
+            str(args.target), max_sequences, max_seq_len, torch.float32, cpu,
+            vocab_size=margs.vocab_size, head_path=str(args.head)), table, "target")
+        self.draft = simulate.pad(Engine.load(
+            str(args.draft), max_sequences, max_seq_len, torch.float32, cpu,
+            vocab_size=margs.vocab_size), table, "draft")
+        self.verifier, self.drafter = LocalVerifier(self.target), LocalDrafter(self.draft)
+        self.eos, self.max_seq_len = margs.eos_token_ids, max_seq_len
+        self.planner = Planner(MAX_DRAFT_TOKENS, None, proposers=tuple(
+            _proposer(p) for p in ("draft", "ngram", "eagle")))
+        self.ngram = NgramProposer
+        self.seq = itertools.count(1)
+
+    def request(self, ids: list[int], text: str, setting: Setting, mode: Mode, max_tokens: int):
+        from specdec.loop import Request
+        from specdec.sampling import SamplingParams
+        sampled = mode.temperature > 0
+        sampling = SamplingParams(temperature=mode.temperature,
+                                  seed=seed_of(text) if sampled else 0)
+        k = MAX_DRAFT_TOKENS if setting.k == AUTO else setting.k
+        return Request(ids, max_tokens, k, sampling, eos=self.eos, auto=setting.k == AUTO,
+                       reproducible=sampled, proposer=_proposer(setting.proposer or "draft"))
+
+    def run(self, prompts: list[tuple[list[int], str]], setting: Setting, mode: Mode,
+            max_tokens: int, streams: int) -> dict:
+        """All prompts through `streams` concurrent sequences: tokens, wall, per-request
+        seconds, rounds, and the loop's draft and verify seconds."""
+        from specdec.loop import open_policy, speculate
+        todo = iter(prompts)
+        reqs: list[tuple[float, object]] = []
+
+        async def worker():
+            for ids, text in todo:
+                req = self.request(ids, text, setting, mode, max_tokens)
+                policy = open_policy(self.planner, req)
+                t0 = time.perf_counter()
+                try:
+                    stats = await speculate(next(self.seq), req, self.drafter, self.verifier,
+                                            self.max_seq_len, lambda c: None, policy=policy,
+                                            draft_timeout_s=2.0, ngram=self.ngram(), head=True)
+                finally:
+                    self.planner.close(policy)
+                reqs.append((time.perf_counter() - t0, stats))
+
+        async def all_streams():
+            await asyncio.gather(*(worker() for _ in range(streams)))
+
+        before = (self.target.simulated.over, self.target.simulated.calls,
+                  self.draft.simulated.over, self.draft.simulated.calls)
+        t0 = time.perf_counter()
+        asyncio.run(all_streams())
+        wall = time.perf_counter() - t0
+        after = (self.target.simulated.over, self.target.simulated.calls,
+                 self.draft.simulated.over, self.draft.simulated.calls)
+        d = [a - b for a, b in zip(after, before)]
+        out = {"tokens": sum(s.num_output_tokens for _, s in reqs), "wall_s": wall,
+               "request_s": sum(t for t, _ in reqs), "rounds": sum(s.rounds for _, s in reqs),
+               "draft_s": sum(s.draft_s for _, s in reqs),
+               "verify_s": sum(s.verify_s for _, s in reqs),
+               "drafted": sum(s.total_draft_tokens for _, s in reqs),
+               "accepted": sum(s.total_accepted_draft_tokens for _, s in reqs),
+               # calls whose real CPU compute outran the simulated time (not padded at all)
+               "calls_over_table": d[0] + d[2], "calls": d[1] + d[3]}
+        log(f"in process {mode.name} x{streams} {setting.label}: "
+            f"{out['tokens'] / wall:.1f} tok/s")
+        return out

@@ -1,0 +1,87 @@
+"""What benchmarks/simulated.py runs: its settings, sampling modes, stream counts and arguments."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from inputs import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, ROOT
+
+DEFAULT_HEAD = ROOT / "models" / "default" / "eagle"
+DEFAULT_TABLE = ROOT / "benchmarks" / "sim" / "h100-8b-1b-eagle.json"
+AUTO = -1
+MAX_DRAFT_TOKENS = 8        # the server's default max_draft_tokens: auto's cap
+TEMPERATURE = 0.7           # the sampled mode's
+
+
+@dataclass(frozen=True)
+class Setting:
+    label: str
+    proposer: str | None    # None: target-only
+    k: int                  # AUTO: the policy chooses per round
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    temperature: float
+
+
+def settings(k: int) -> list[Setting]:
+    """Target-only, the draft model at a fixed k and auto, the EAGLE-3 head at k."""
+    return [Setting("target-only", None, 0), Setting(f"draft K={k}", "draft", k),
+            Setting("draft auto", "draft", AUTO), Setting(f"eagle K={k}", "eagle", k)]
+
+
+def modes(names: str) -> list[Mode]:
+    known = {"greedy": Mode("greedy", 0.0), "sampled": Mode("sampled", TEMPERATURE)}
+    out = []
+    for name in names.split(","):
+        if name not in known:
+            raise SystemExit(f"--modes: {name!r} is not one of {', '.join(known)}")
+        out.append(known[name])
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    import simulated
+    ap = argparse.ArgumentParser(description=simulated.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
+    ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
+    ap.add_argument("--head", type=Path, default=DEFAULT_HEAD)
+    ap.add_argument("--table", type=Path, default=DEFAULT_TABLE,
+                    help="the simulated device's cost table (benchmarks/sim_tables.py)")
+    ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
+    ap.add_argument("--prompts", type=int, default=16, help="per run (at least the streams)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=4, help="the fixed K of the draft model and head")
+    ap.add_argument("--streams", default="1,4,16")
+    ap.add_argument("--modes", default="greedy,sampled")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed requests before each run")
+    ap.add_argument("--only", choices=("both", "local", "served"), default="both")
+    ap.add_argument("--quick", action="store_true",
+                    help="a fast check: 2 prompts, 16 tokens, 1 and 2 streams, greedy")
+    ap.add_argument("--out", type=Path, help="also write every figure as JSON")
+    return ap
+
+
+def parse(argv=None) -> argparse.Namespace:
+    args = parser().parse_args(argv)
+    if args.quick:
+        args.prompts, args.max_tokens, args.streams, args.modes, args.warmup = 2, 16, "1,2", \
+            "greedy", 1
+    args.stream_counts = [int(s) for s in args.streams.split(",")]
+    if min(args.stream_counts) < 1:
+        raise SystemExit("--streams: each count must be >= 1")
+    args.mode_list = modes(args.modes)
+    args.setting_list = settings(args.k)
+    if not 1 <= args.k <= MAX_DRAFT_TOKENS:
+        raise SystemExit(f"--k {args.k}: must be 1..{MAX_DRAFT_TOKENS}")
+    return args
+
+
+def seed_of(prompt: str) -> int:
+    """A sampled request's seed, from its prompt: the same in process and served."""
+    import zlib
+    return zlib.crc32(prompt.encode())

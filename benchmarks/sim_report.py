@@ -1,0 +1,52 @@
+"""benchmarks/simulated.py's figures per row and its markdown table."""
+from __future__ import annotations
+
+
+def _side(r: dict | None, proposer_draft: bool) -> dict | None:
+    """tok/s, and per round of one sequence (ms): all of it, the draft call, the verify call
+    and the rest."""
+    if not r or not r["rounds"]:
+        return None
+    rounds = r["rounds"]
+    draft = r["draft_s"] if proposer_draft else 0.0   # the head drafts inside the verify call
+    return {"tok_s": r["tokens"] / r["wall_s"], "round_ms": r["request_s"] / rounds * 1e3,
+            "draft_ms": draft / rounds * 1e3, "verify_ms": r["verify_s"] / rounds * 1e3,
+            "outside_ms": (r["request_s"] - draft - r["verify_s"]) / rounds * 1e3,
+            "tokens_per_round": r["tokens"] / rounds}
+
+
+def row(mode: str, streams: int, label: str, r: dict) -> dict:
+    draft = label.startswith("draft")
+    local, served = _side(r.get("local"), draft), _side(r.get("served"), draft)
+    out = {"mode": mode, "streams": streams, "setting": label, "local": local, "served": served,
+           "raw": r}
+    if local and served:
+        out["ratio"] = served["tok_s"] / local["tok_s"]
+        out["overhead_ms"] = {key: served[key] - local[key]
+                              for key in ("round_ms", "draft_ms", "verify_ms", "outside_ms")}
+    if r.get("served"):
+        out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
+    return out
+
+
+def _f(x, fmt=".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| mode | streams | setting | in-process tok/s | served tok/s | served / in-process "
+           "| tokens/round | round ms in-process | round ms served | overhead ms/round "
+           "| of which draft call | verify call | outside calls | BLS calls/round |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
+        prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
+        calls = (r.get("bls_calls_per_round") or {}).get(prop)
+        out.append(
+            f"| {r['mode']} | {r['streams']} | {r['setting']} | {_f(lo.get('tok_s'))} "
+            f"| {_f(se.get('tok_s'))} | {_f(r.get('ratio'), '.2f')} "
+            f"| {_f((se or lo).get('tokens_per_round'), '.2f')} "
+            f"| {_f(lo.get('round_ms'))} | {_f(se.get('round_ms'))} | {_f(ov.get('round_ms'))} "
+            f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
+            f"| {_f(ov.get('outside_ms'))} | {_f(calls, '.2f')} |")
+    return "\n".join(out)

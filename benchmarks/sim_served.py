@@ -1,0 +1,87 @@
+"""The same requests through a real tritonserver (the ensemble over gRPC streaming) whose
+draft_model and target_model are padded to the simulated device ($SPECDEC_SIMULATE)."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from clients import GrpcClient
+from progress import log
+from server import Server, settle_metrics
+from sim_plan import Mode, Setting, seed_of
+
+
+class SampledClient(GrpcClient):
+    """GrpcClient with the mode's temperature and the prompt's seed."""
+
+    def __init__(self, url: str, mode: Mode):
+        super().__init__(url)
+        self.mode = mode
+
+    def _inputs(self, prompt, k, max_tokens, proposer):
+        from specdec_client import GenerationParams
+        from specdec_client.grpc_transport import build_infer_inputs
+        sampled = self.mode.temperature > 0
+        return build_infer_inputs(prompt, GenerationParams(
+            max_tokens=max_tokens, temperature=self.mode.temperature,
+            seed=seed_of(prompt) if sampled else None, num_draft_tokens=k, proposer=proposer),
+            True, self.ranks)
+
+
+def start(args, max_sequences: int, max_seq_len: int) -> Server:
+    return Server(args.target, args.draft, max_sequences, max_seq_len,
+                  env={"SPECDEC_SIMULATE": str(args.table), "SPECDEC_EAGLE_HEAD": str(args.head)})
+
+
+def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
+          streams: int) -> tuple[list, float]:
+    todo: queue.Queue = queue.Queue()
+    for i, p in enumerate(prompts):
+        todo.put((i, p))
+    done, errors = [], []
+
+    def worker(client):
+        try:
+            while not errors:
+                try:
+                    i, p = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done.append(client.request(p, i, setting.k, max_tokens, setting.proposer))
+        except BaseException as e:   # reported after the other streams stop
+            errors.append(e)
+        finally:
+            client.close()
+
+    clients = [SampledClient(url, mode) for _ in range(streams)]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{setting.label}: request failed: {errors[0]!r}") from errors[0]
+    return done, wall
+
+
+def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
+        streams: int) -> dict:
+    before = server.metrics()
+    reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
+    tokens = sum(r.tokens for r in reqs)
+    d = settle_metrics(server, before, tokens)
+    per_round = server.by_label("specdec_bls_calls_per_round", "proposer")
+    out = {"tokens": tokens, "wall_s": wall, "request_s": sum(r.total_s for r in reqs),
+           "rounds": d.get("specdec_rounds_total", 0.0),
+           "draft_s": d.get("specdec_draft_latency_seconds_sum", 0.0),
+           "draft_calls": d.get("specdec_draft_latency_seconds_count", 0.0),
+           "verify_s": d.get("specdec_verify_latency_seconds_sum", 0.0),
+           "verify_calls": d.get("specdec_verify_latency_seconds_count", 0.0),
+           "drafted": d.get("specdec_draft_tokens_total", 0.0),
+           "accepted": d.get("specdec_accepted_tokens_total", 0.0),
+           "bls_calls_per_round": per_round}
+    log(f"served {mode.name} x{streams} {setting.label}: {tokens / wall:.1f} tok/s")
+    return out

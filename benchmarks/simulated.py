@@ -1,0 +1,70 @@
+"""Served at simulated GPU step times: the same requests in process (specdec.local + the loop)
+and through a real tritonserver (the ensemble over gRPC streaming), every engine call padded to
+the time a cost table gives for it on an H100 (specdec/simulate.py; the default table is
+derived by benchmarks/sim_tables.py, docs/simulated.md). The tiny models still choose the
+tokens, so acceptance is real; the gap between the two sides is what the server's orchestration
+costs a GPU deployment.
+
+Per sampling mode, stream count and setting (target-only, the draft model at K and auto, the
+EAGLE-3 head at K): tok/s in process and served, served / in process, each side's time per
+round of one sequence (its requests' seconds over their rounds) and the overhead per round
+(served less in process), split into the draft call, the verify call and what lies outside the
+calls (the orchestrator, pre/postprocessing, gRPC), from the server's own latency histograms;
+and BLS calls per round by proposer (specdec_bls_calls_per_round, since the server started).
+
+    .venv/bin/python benchmarks/simulated.py --quick             # a fast check (minutes)
+    .venv/bin/python benchmarks/simulated.py --prompts 16 --max-tokens 64 --out /tmp/sim.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from inputs import load_prompts, load_tokenizer
+from machine import git_state, load_snapshot, machine
+from progress import log
+from server import default_max_seq_len, exit_on_sigterm
+from sim_plan import parse
+from sim_report import row, table
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    exit_on_sigterm()
+    streams_max = max(args.stream_counts)
+    texts = load_prompts(args.prompts_file, max(args.prompts, streams_max))
+    tok = load_tokenizer(args.target)
+    prompts = [(tok(t)["input_ids"], t) for t in texts]
+    max_seq_len = default_max_seq_len(args.target, args.draft)
+    results = {}     # (mode, streams, label) -> {"local": ..., "served": ...}
+    if args.only in ("both", "local"):
+        import sim_inproc
+        local = sim_inproc.Local(args, streams_max, max_seq_len)
+        for mode in args.mode_list:
+            for streams in args.stream_counts:
+                for s in args.setting_list:
+                    local.run(prompts[:args.warmup], s, mode, args.max_tokens, 1)
+                    results.setdefault((mode.name, streams, s.label), {})["local"] = \
+                        local.run(prompts, s, mode, args.max_tokens, streams)
+    if args.only in ("both", "served"):
+        import sim_served
+        with sim_served.start(args, streams_max, max_seq_len) as server:
+            for mode in args.mode_list:
+                for streams in args.stream_counts:
+                    for s in args.setting_list:
+                        sim_served.run(server, texts[:args.warmup], s, mode, args.max_tokens, 1)
+                        results.setdefault((mode.name, streams, s.label), {})["served"] = \
+                            sim_served.run(server, texts, s, mode, args.max_tokens, streams)
+    rows = [row(mode, streams, label, r) for (mode, streams, label), r in results.items()]
+    print(f"{len(texts)} prompts, {args.max_tokens} tokens, table {args.table.name}, "
+          f"load {load_snapshot()['loadavg_1_5_15']}\n")
+    print(table(rows))
+    if args.out:
+        args.out.write_text(json.dumps({"argv": sys.argv, "machine": machine(),
+                                        "git": git_state(), "rows": rows}, indent=1))
+        log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
