@@ -1,0 +1,85 @@
+"""benchmarks/simulated.py's plan, arguments and report, and sim_tables.py's derivation; no
+server, no timing (part of `make test`)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import sim_plan  # noqa: E402
+import sim_report  # noqa: E402
+import sim_tables  # noqa: E402
+
+
+def test_default_plan():
+    args = sim_plan.parse([])
+    assert args.stream_counts == [1, 4, 16]
+    assert [m.name for m in args.mode_list] == ["greedy", "sampled"]
+    assert [(s.label, s.proposer, s.k) for s in args.setting_list] == [
+        ("target-only", None, 0), ("draft K=4", "draft", 4),
+        ("draft auto", "draft", sim_plan.AUTO), ("eagle K=4", "eagle", 4)]
+    assert args.table.is_file() and args.head.is_dir()
+
+
+def test_quick_and_refusals():
+    args = sim_plan.parse(["--quick", "--k", "3"])
+    assert (args.prompts, args.max_tokens, args.stream_counts) == (2, 16, [1, 2])
+    assert [m.temperature for m in args.mode_list] == [0.0]
+    assert args.setting_list[1].label == "draft K=3"
+    for bad in (["--modes", "greedy,hot"], ["--streams", "0"], ["--k", "9"]):
+        with pytest.raises(SystemExit):
+            sim_plan.parse(bad)
+
+
+def test_seeds_are_the_prompts():
+    assert sim_plan.seed_of("def f():") == sim_plan.seed_of("def f():")
+    assert sim_plan.seed_of("def f():") != sim_plan.seed_of("def g():")
+
+
+def side(tokens, wall, request_s, rounds, draft_s, verify_s):
+    return {"tokens": tokens, "wall_s": wall, "request_s": request_s, "rounds": rounds,
+            "draft_s": draft_s, "verify_s": verify_s}
+
+
+def test_report_splits_the_overhead():
+    local = side(100, 1.0, 1.0, 50, 0.3, 0.5)
+    served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "bls_calls_per_round": {"draft": 2.0}}
+    r = sim_report.row("greedy", 1, "draft K=4", {"local": local, "served": served})
+    assert r["ratio"] == pytest.approx(0.8)
+    ov = r["overhead_ms"]
+    assert ov["round_ms"] == pytest.approx(5.0)
+    assert ov["draft_ms"] + ov["verify_ms"] + ov["outside_ms"] == pytest.approx(5.0)
+    assert ov["draft_ms"] == pytest.approx(1.0)
+    # The head drafts inside the verify call: its draft seconds are not a call of their own.
+    e = sim_report.row("greedy", 1, "eagle K=4", {"local": local, "served": served})
+    assert e["local"]["draft_ms"] == 0.0
+    text = sim_report.table([r, e])
+    assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 |" in text
+
+
+def test_derived_tables_match_their_checks(tmp_path):
+    t = sim_tables.derived("both", 512)
+    assert t["simulated"] is True and "SIMULATED" in t["device"]
+    ms = t["batches"]["1"]["step_ms"]
+    assert 0.9 < ms / sim_tables.CHECKS["target step"][0] < 1.1
+    assert 1.0 <= t["batches"]["1"]["propose_ms"]["1"] <= 1.5
+    assert t["batches"]["16"]["step_ms"] > ms        # more rows read more KV
+    sim_tables.write(t, tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["batches"]["1"]["step_ms"] == ms
+
+
+def test_a_table_from_costs_output(tmp_path):
+    costs = {"device": "Some GPU", "dtype": "bfloat16", "target": "t", "draft": "d",
+             "head": "none", "context": 256,
+             "runs": {"CUDA graphs off": {"1": {"step_ms": 9.0, "verify_ms": {"4": 9.5}}},
+                      "CUDA graphs on": {"1": {"step_ms": 7.0, "verify_ms": {"4": 7.5},
+                                               "propose_ms": {"4": 4.0},
+                                               "verify_steps": {"4": 1.07}}}}}
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    t = sim_tables.from_costs(path, [0.03, 0.005], None)
+    assert t["batches"]["1"] == {"step_ms": 7.0, "verify_ms": {"4": 7.5}, "propose_ms": {"4": 4.0}}
+    assert t["prefill_ms_per_token"] == {"target": 0.03, "draft": 0.005}
+    sim_tables.write(t, tmp_path / "table.json")
