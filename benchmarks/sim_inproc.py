@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 
 from progress import log
@@ -30,6 +31,9 @@ class Local:
         from specdec.policy import Planner
         margs = ModelArgs.from_dir(args.target)
         cpu = torch.device("cpu")
+        # As the server gives each model (settings.threads): spinning OpenMP threads on a
+        # shared CPU cost more than the simulated step itself.
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         table = simulate.load_table(args.table)
         self.target = simulate.pad(Engine.load(
             str(args.target), max_sequences, max_seq_len, torch.float32, cpu,

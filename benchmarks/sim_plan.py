@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--table", type=Path, default=DEFAULT_TABLE,
                     help="the simulated device's cost table (benchmarks/sim_tables.py)")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
-    ap.add_argument("--prompts", type=int, default=16, help="per run (at least the streams)")
+    ap.add_argument("--prompts", type=int, default=8, help="per run (and at least one per stream)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4, help="the fixed K of the draft model and head")
     ap.add_argument("--streams", default="1,4,16")

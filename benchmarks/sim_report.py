@@ -24,6 +24,9 @@ def row(mode: str, streams: int, label: str, r: dict) -> dict:
         out["ratio"] = served["tok_s"] / local["tok_s"]
         out["overhead_ms"] = {key: served[key] - local[key]
                               for key in ("round_ms", "draft_ms", "verify_ms", "outside_ms")}
+    lr = r.get("local")
+    if lr and lr.get("calls"):
+        out["local_calls_over_table"] = lr["calls_over_table"] / lr["calls"]
     if r.get("served"):
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
     return out
@@ -36,17 +39,20 @@ def _f(x, fmt=".1f") -> str:
 def table(rows: list[dict]) -> str:
     out = ["| mode | streams | setting | in-process tok/s | served tok/s | served / in-process "
            "| tokens/round | round ms in-process | round ms served | overhead ms/round "
-           "| of which draft call | verify call | outside calls | BLS calls/round |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| of which draft call | verify call | outside calls | BLS calls/round "
+           "| in-process calls over table |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
         calls = (r.get("bls_calls_per_round") or {}).get(prop)
+        over = r.get("local_calls_over_table")
         out.append(
             f"| {r['mode']} | {r['streams']} | {r['setting']} | {_f(lo.get('tok_s'))} "
             f"| {_f(se.get('tok_s'))} | {_f(r.get('ratio'), '.2f')} "
             f"| {_f((se or lo).get('tokens_per_round'), '.2f')} "
             f"| {_f(lo.get('round_ms'))} | {_f(se.get('round_ms'))} | {_f(ov.get('round_ms'))} "
             f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
-            f"| {_f(ov.get('outside_ms'))} | {_f(calls, '.2f')} |")
+            f"| {_f(ov.get('outside_ms'))} | {_f(calls, '.2f')} "
+            f"| {_f(over if over is None else 100 * over, '.0f')} % |")
     return "\n".join(out)

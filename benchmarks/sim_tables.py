@@ -77,7 +77,8 @@ def forward_ms(s: Shape, rows: int, tokens: int, context: int, extra_params: int
     traffic = params * BYTES + rows * (context + tokens) * s.kv_bytes_per_token()
     attention_flops = 4 * rows * tokens * (context + tokens) * s.heads * s.head_dim * s.layers
     flops = 2 * params * rows * tokens + attention_flops
-    return FLOOR_MS + 1e3 * max(traffic / (BANDWIDTH * BW_FRACTION), flops / (FLOPS * FLOP_FRACTION))
+    return FLOOR_MS + 1e3 * max(traffic / (BANDWIDTH * BW_FRACTION),
+                                flops / (FLOPS * FLOP_FRACTION))
 
 
 def prefill_ms_per_token(s: Shape) -> float:

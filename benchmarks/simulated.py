@@ -13,7 +13,7 @@ calls (the orchestrator, pre/postprocessing, gRPC), from the server's own latenc
 and BLS calls per round by proposer (specdec_bls_calls_per_round, since the server started).
 
     .venv/bin/python benchmarks/simulated.py --quick             # a fast check (minutes)
-    .venv/bin/python benchmarks/simulated.py --prompts 16 --max-tokens 64 --out /tmp/sim.json
+    .venv/bin/python benchmarks/simulated.py --prompts 8 --max-tokens 64 --out /tmp/sim.json
 """
 from __future__ import annotations
 
@@ -36,28 +36,39 @@ def main(argv=None) -> int:
     tok = load_tokenizer(args.target)
     prompts = [(tok(t)["input_ids"], t) for t in texts]
     max_seq_len = default_max_seq_len(args.target, args.draft)
+
+    def n(streams: int) -> int:
+        """Prompts a run sends: --prompts, and at least one per stream."""
+        return max(args.prompts, streams)
     results = {}     # (mode, streams, label) -> {"local": ..., "served": ...}
-    if args.only in ("both", "local"):
-        import sim_inproc
-        local = sim_inproc.Local(args, streams_max, max_seq_len)
+    local = server = None
+    try:
+        if args.only in ("both", "local"):
+            import sim_inproc
+            local = sim_inproc.Local(args, streams_max, max_seq_len)
+        if args.only in ("both", "served"):
+            import sim_served
+            server = sim_served.start(args, streams_max, max_seq_len)
+        # Each setting in process and served back to back (the server idles while this
+        # process computes), so a change of load on the machine touches both sides alike.
         for mode in args.mode_list:
             for streams in args.stream_counts:
                 for s in args.setting_list:
-                    local.run(prompts[:args.warmup], s, mode, args.max_tokens, 1)
-                    results.setdefault((mode.name, streams, s.label), {})["local"] = \
-                        local.run(prompts, s, mode, args.max_tokens, streams)
-    if args.only in ("both", "served"):
-        import sim_served
-        with sim_served.start(args, streams_max, max_seq_len) as server:
-            for mode in args.mode_list:
-                for streams in args.stream_counts:
-                    for s in args.setting_list:
+                    r = results.setdefault((mode.name, streams, s.label), {})
+                    if local:
+                        local.run(prompts[:args.warmup], s, mode, args.max_tokens, 1)
+                        r["local"] = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
+                                               streams)
+                    if server:
                         sim_served.run(server, texts[:args.warmup], s, mode, args.max_tokens, 1)
-                        results.setdefault((mode.name, streams, s.label), {})["served"] = \
-                            sim_served.run(server, texts, s, mode, args.max_tokens, streams)
+                        r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
+                                                     args.max_tokens, streams)
+    finally:
+        if server:
+            server.stop()
     rows = [row(mode, streams, label, r) for (mode, streams, label), r in results.items()]
-    print(f"{len(texts)} prompts, {args.max_tokens} tokens, table {args.table.name}, "
-          f"load {load_snapshot()['loadavg_1_5_15']}\n")
+    print(f"{args.prompts} prompts (at least one per stream), {args.max_tokens} tokens, "
+          f"table {args.table.name}, load {load_snapshot()['loadavg_1_5_15']}\n")
     print(table(rows))
     if args.out:
         args.out.write_text(json.dumps({"argv": sys.argv, "machine": machine(),
