@@ -34,7 +34,7 @@ class Local:
         # As the server gives each model (settings.threads): spinning OpenMP threads on a
         # shared CPU cost more than the simulated step itself.
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-        table = simulate.load_table(args.table)
+        table = simulate.load_table(args.table, args.scale)
         self.target = simulate.pad(Engine.load(
             str(args.target), max_sequences, max_seq_len, torch.float32, cpu,
             vocab_size=margs.vocab_size, head_path=str(args.head)), table, "target")

@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--head", type=Path, default=DEFAULT_HEAD)
     ap.add_argument("--table", type=Path, default=DEFAULT_TABLE,
                     help="the simulated device's cost table (benchmarks/sim_tables.py)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="every table time x this (a slower simulated device), where the CPU's "
+                         "own compute outruns the table; the report projects back to x1")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--prompts", type=int, default=8, help="per run (and at least one per stream)")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -76,6 +79,8 @@ def parse(argv=None) -> argparse.Namespace:
         raise SystemExit("--streams: each count must be >= 1")
     args.mode_list = modes(args.modes)
     args.setting_list = settings(args.k)
+    if not args.scale > 0:
+        raise SystemExit(f"--scale {args.scale}: must be > 0")
     if not 1 <= args.k <= MAX_DRAFT_TOKENS:
         raise SystemExit(f"--k {args.k}: must be 1..{MAX_DRAFT_TOKENS}")
     return args

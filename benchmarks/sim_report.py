@@ -15,7 +15,9 @@ def _side(r: dict | None, proposer_draft: bool) -> dict | None:
             "tokens_per_round": r["tokens"] / rounds}
 
 
-def row(mode: str, streams: int, label: str, r: dict) -> dict:
+def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dict:
+    """scale: the table's times were x this; the projection to x1 assumes the overhead per
+    round stays what it is while the in-process round shrinks by the scale."""
     draft = label.startswith("draft")
     local, served = _side(r.get("local"), draft), _side(r.get("served"), draft)
     out = {"mode": mode, "streams": streams, "setting": label, "local": local, "served": served,
@@ -24,6 +26,8 @@ def row(mode: str, streams: int, label: str, r: dict) -> dict:
         out["ratio"] = served["tok_s"] / local["tok_s"]
         out["overhead_ms"] = {key: served[key] - local[key]
                               for key in ("round_ms", "draft_ms", "verify_ms", "outside_ms")}
+        at_x1 = local["round_ms"] / scale
+        out["projected_ratio_x1"] = at_x1 / max(at_x1 + out["overhead_ms"]["round_ms"], 1e-9)
     lr = r.get("local")
     if lr and lr.get("calls"):
         out["local_calls_over_table"] = lr["calls_over_table"] / lr["calls"]
@@ -39,9 +43,9 @@ def _f(x, fmt=".1f") -> str:
 def table(rows: list[dict]) -> str:
     out = ["| mode | streams | setting | in-process tok/s | served tok/s | served / in-process "
            "| tokens/round | round ms in-process | round ms served | overhead ms/round "
-           "| of which draft call | verify call | outside calls | BLS calls/round "
-           "| in-process calls over table |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| of which draft call | verify call | outside calls | served / in-process at x1, "
+           "projected | BLS calls/round | in-process calls over table |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
@@ -53,6 +57,7 @@ def table(rows: list[dict]) -> str:
             f"| {_f((se or lo).get('tokens_per_round'), '.2f')} "
             f"| {_f(lo.get('round_ms'))} | {_f(se.get('round_ms'))} | {_f(ov.get('round_ms'))} "
             f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
-            f"| {_f(ov.get('outside_ms'))} | {_f(calls, '.2f')} "
+            f"| {_f(ov.get('outside_ms'))} | {_f(r.get('projected_ratio_x1'), '.2f')} "
+            f"| {_f(calls, '.2f')} "
             f"| {_f(over if over is None else 100 * over, '.0f')} % |")
     return "\n".join(out)

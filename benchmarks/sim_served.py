@@ -31,7 +31,9 @@ class SampledClient(GrpcClient):
 
 def start(args, max_sequences: int, max_seq_len: int) -> Server:
     return Server(args.target, args.draft, max_sequences, max_seq_len,
-                  env={"SPECDEC_SIMULATE": str(args.table), "SPECDEC_EAGLE_HEAD": str(args.head)})
+                  env={"SPECDEC_SIMULATE": str(args.table),
+                       "SPECDEC_SIMULATE_SCALE": str(args.scale),
+                       "SPECDEC_EAGLE_HEAD": str(args.head)})
 
 
 def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,

@@ -66,9 +66,11 @@ def main(argv=None) -> int:
     finally:
         if server:
             server.stop()
-    rows = [row(mode, streams, label, r) for (mode, streams, label), r in results.items()]
+    rows = [row(mode, streams, label, r, args.scale)
+            for (mode, streams, label), r in results.items()]
     print(f"{args.prompts} prompts (at least one per stream), {args.max_tokens} tokens, "
-          f"table {args.table.name}, load {load_snapshot()['loadavg_1_5_15']}\n")
+          f"table {args.table.name} x {args.scale:g}, "
+          f"load {load_snapshot()['loadavg_1_5_15']}\n")
     print(table(rows))
     if args.out:
         args.out.write_text(json.dumps({"argv": sys.argv, "machine": machine(),

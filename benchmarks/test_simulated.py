@@ -20,7 +20,8 @@ def test_default_plan():
     assert [(s.label, s.proposer, s.k) for s in args.setting_list] == [
         ("target-only", None, 0), ("draft K=4", "draft", 4),
         ("draft auto", "draft", sim_plan.AUTO), ("eagle K=4", "eagle", 4)]
-    assert args.table.is_file() and args.head.is_dir()
+    assert args.table.is_file() and args.head.is_dir() and args.scale == 1.0
+    assert sim_plan.parse(["--scale", "4"]).scale == 4.0
 
 
 def test_quick_and_refusals():
@@ -28,7 +29,7 @@ def test_quick_and_refusals():
     assert (args.prompts, args.max_tokens, args.stream_counts) == (2, 16, [1, 2])
     assert [m.temperature for m in args.mode_list] == [0.0]
     assert args.setting_list[1].label == "draft K=3"
-    for bad in (["--modes", "greedy,hot"], ["--streams", "0"], ["--k", "9"]):
+    for bad in (["--modes", "greedy,hot"], ["--streams", "0"], ["--k", "9"], ["--scale", "0"]):
         with pytest.raises(SystemExit):
             sim_plan.parse(bad)
 
@@ -52,6 +53,11 @@ def test_report_splits_the_overhead():
     assert ov["round_ms"] == pytest.approx(5.0)
     assert ov["draft_ms"] + ov["verify_ms"] + ov["outside_ms"] == pytest.approx(5.0)
     assert ov["draft_ms"] == pytest.approx(1.0)
+    assert r["projected_ratio_x1"] == pytest.approx(r["local"]["round_ms"] / (
+        r["local"]["round_ms"] + 5.0))
+    # At a table x 4 the same overhead weighs four times as much at x1.
+    r4 = sim_report.row("greedy", 1, "draft K=4", {"local": local, "served": served}, 4.0)
+    assert r4["projected_ratio_x1"] == pytest.approx(5.0 / (5.0 + 5.0))
     # The head drafts inside the verify call: its draft seconds are not a call of their own.
     e = sim_report.row("greedy", 1, "eagle K=4", {"local": local, "served": served})
     assert e["local"]["draft_ms"] == 0.0

@@ -35,6 +35,8 @@ from pathlib import Path
 
 FORMAT = "specdec-simulated-costs/1"
 ENV = "SPECDEC_SIMULATE"
+SCALE_ENV = "SPECDEC_SIMULATE_SCALE"   # every time x this: a slower device, where the CPU's
+                                      # own compute would outrun the table's times
 VERIFY, PROPOSE, HEAD = "verify", "propose", "head"
 _CURVES = ("verify_ms", "propose_ms", "head_verify_ms")
 
@@ -62,6 +64,7 @@ class CostTable:
     batches: dict[int, dict]                 # b -> {"step_ms": float, curve: {k: ms}}
     prefill_ms_per_token: dict[str, float]   # "target" (and "draft" with propose_ms)
     source: str = ""
+    scale: float = 1.0
 
     def has(self, curve: str) -> bool:
         return all(curve in row for row in self.batches.values())
@@ -101,7 +104,7 @@ class CostTable:
                 if k > 0 else 0.0
         else:
             raise ValueError(f"unknown call kind {kind!r}: {VERIFY}, {PROPOSE} or {HEAD}")
-        return ms / 1e3
+        return ms * self.scale / 1e3
 
 
 def _number(value, where: str) -> float:
@@ -168,14 +171,18 @@ def parse_table(data: dict, source: str = "<table>") -> CostTable:
     return table
 
 
-def load_table(path: str | Path) -> CostTable:
+def load_table(path: str | Path, scale: float = 1.0) -> CostTable:
+    if not scale > 0:
+        raise TableError(f"{SCALE_ENV}: scale must be > 0, not {scale!r}")
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
         raise TableError(f"{ENV}: cannot read cost table {path}: {e}") from None
     except json.JSONDecodeError as e:
         raise TableError(f"{path}: not JSON: {e}") from None
-    return parse_table(data, str(path))
+    table = parse_table(data, str(path))
+    table.scale = scale
+    return table
 
 
 @dataclass
@@ -251,8 +258,13 @@ def from_env(engine, role: str, env=os.environ):
     path = env.get(ENV, "")
     if not path or engine is None:
         return engine
-    table = load_table(path)
+    try:
+        scale = float(env.get(SCALE_ENV, "1"))
+    except ValueError:
+        raise TableError(f"{SCALE_ENV}={env[SCALE_ENV]!r} is not a number") from None
+    table = load_table(path, scale)
     print(f"*** {ENV}={path}: {role}_model's engine calls are padded to SIMULATED times of "
-          f"{table.device}. For benchmarks only: this server is slowed on purpose. ***",
+          f"{table.device} x {scale:g}. For benchmarks only: this server is slowed on "
+          f"purpose. ***",
           file=sys.stderr, flush=True)
     return pad(engine, table, role)

@@ -131,6 +131,19 @@ def test_from_env(pair_dir, tmp_path, capsys):
         simulate.from_env(target, "target", {simulate.ENV: str(tmp_path / "none.json")})
 
 
+def test_scale_multiplies_every_time(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table_data()))
+    one, three = simulate.load_table(path), simulate.load_table(path, 3.0)
+    for call in ((simulate.VERIFY, 2, 1, 3), (simulate.PROPOSE, 4, 2, 2),
+                 (simulate.VERIFY, 1, 90, 0)):
+        assert three.seconds(*call) == pytest.approx(3 * one.seconds(*call))
+    with pytest.raises(simulate.TableError, match="scale must be > 0"):
+        simulate.load_table(path, 0)
+    with pytest.raises(simulate.TableError, match="SPECDEC_SIMULATE_SCALE='x'"):
+        simulate.from_env(object(), "target", {simulate.ENV: str(path), simulate.SCALE_ENV: "x"})
+
+
 def test_table_data_is_not_shared():
     a = table_data()
     b = copy.deepcopy(a)
