@@ -24,6 +24,7 @@ from torch import nn
 from . import attention, invariant
 from .config import ModelArgs, Rope
 from .kv_cache import KVCache
+from .parallel import Shard
 
 
 @dataclass
@@ -172,9 +173,12 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int):
+    """args: this rank's (heads of its shard, parallel.local_args); tp: the shard whose partial
+    o_proj sums one all_reduce adds up, or None."""
+
+    def __init__(self, args: ModelArgs, layer: int, tp: Shard | None = None):
         super().__init__()
-        self.layer, self.args = layer, args
+        self.layer, self.args, self.tp = layer, args, tp
         h, kv, d = args.num_heads, args.num_kv_heads, args.head_dim
         self.qkv_proj = Linear(args.hidden_size, (h + 2 * kv) * d, bias=args.qkv_bias)
         self.o_proj = Linear(h * d, args.hidden_size, bias=args.o_bias)
@@ -190,7 +194,8 @@ class Attention(nn.Module):
         q, k, v = self.project(x, cos, sin)
         out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
                                self.scale, self.args.attn_softcap)
-        return self.o_proj(out.reshape(b, t, -1))
+        out = self.o_proj(out.reshape(b, t, -1))
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, T, H, D], k and v [B, T, KV, D], rotated: what attention reads."""
@@ -205,8 +210,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: Shard | None = None):
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
         self.gelu = args.activation == "gelu_tanh"
@@ -214,17 +220,18 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, -1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
+        out = self.down_proj(act * up)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP; Gemma also normalizes each one's output before the residual
     add (its post_attention_layernorm is that, and pre_feedforward_layernorm the MLP's input)."""
 
-    def __init__(self, args: ModelArgs, layer: int):
+    def __init__(self, args: ModelArgs, layer: int, tp: Shard | None = None):
         super().__init__()
-        self.self_attn = Attention(args, layer)
-        self.mlp = MLP(args)
+        self.self_attn = Attention(args, layer, tp)
+        self.mlp = MLP(args, tp)
         self.rope = args.layer_rope(layer)
         dim, eps, gemma = args.hidden_size, args.rms_norm_eps, args.gemma_norms
         self.input_layernorm = RMSNorm(dim, eps, gemma)
@@ -243,20 +250,46 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+class VocabEmbedding(nn.Embedding):
+    """Rank tp.rank's `rows` vocabulary rows from tp.rank * rows on; other ids embed as zeros
+    here and as their row on the rank that holds it, and one all_reduce adds them: exact."""
+
+    def __init__(self, rows: int, dim: int, tp: Shard):
+        super().__init__(rows, dim)
+        self.tp = tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.tp.rank * self.num_embeddings
+        outside = (local < 0) | (local >= self.num_embeddings)
+        x = F.embedding(local.clamp(0, self.num_embeddings - 1), self.weight)
+        return self.tp.all_reduce(x.masked_fill(outside[..., None], 0))
+
+
 class Backbone(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: Shard | None = None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        if tp is None:
+            self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        else:
+            self.embed_tokens = VocabEmbedding(vocab_rows(args, tp), args.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(args, i, tp) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, args.gemma_norms)
 
 
+def vocab_rows(args: ModelArgs, tp: Shard | None) -> int:
+    """Vocabulary rows of the embedding and LM head on one rank: ceil(V / world)."""
+    return args.vocab_size if tp is None else -(-args.vocab_size // tp.world)
+
+
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs):
+    """tp: tensor parallelism (parallel.py): args are then the rank's own (local_args), whose
+    vocab_size is still the checkpoint's; the embedding and LM head hold the rank's rows."""
+
+    def __init__(self, args: ModelArgs, tp: Shard | None = None):
         super().__init__()
-        self.args = args
-        self.model = Backbone(args)
-        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.args, self.tp = args, tp
+        self.model = Backbone(args, tp)
+        self.lm_head = Linear(args.hidden_size, vocab_rows(args, tp), bias=False)
         self.register_buffer("inv_freq", rope_table(args), persistent=False)
         self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
@@ -299,6 +332,9 @@ class Transformer(nn.Module):
         return torch.cat([x] + [captured[i] for i in self.capture], -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        if self.tp is not None:   # every rank gets the full logits
+            logits = self.tp.gather_last(logits, self.args.vocab_size)
+        logits = logits.float()
         cap = self.args.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
