@@ -114,10 +114,18 @@ class Engine:
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
              device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
              cuda_graphs: bool | None = None, head_path: str | None = None,
-             batch_invariant: bool = False) -> "Engine":
+             batch_invariant: bool = False, tp=None) -> "Engine":
         """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
-        loudly if the pool cannot fit."""
-        model = load_model(path, dtype, device)
+        loudly if the pool cannot fit. tp: this rank's parallel.Shard (its slices of the
+        weights, its KV heads: the memory check is per rank)."""
+        if tp is None:
+            model = load_model(path, dtype, device)
+        else:
+            if head_path:
+                raise CheckpointError(f"{head_path}: an EAGLE-3 head is not served at "
+                                      f"tensor-parallel degree {tp.world} yet (degree 1 only)")
+            from .sharded_weights import load_shard
+            model = load_shard(path, dtype, device, tp)
         a = model.args
         if max_len > a.max_position_embeddings:
             raise CheckpointError(f"{path}/config.json: max_seq_len {max_len} exceeds "
