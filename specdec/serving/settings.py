@@ -147,6 +147,11 @@ class EngineSettings:
     # target: score every token with the same arithmetic whatever its batch (specdec/invariant.py);
     # auto: on in 16-bit dtypes, where near-ties flip. The draft's arithmetic never changes output.
     batch_invariant: str = "auto"
+    # target: ranks of tensor parallelism (specdec/parallel.py); target_devices: one device per
+    # rank, comma-separated (cuda:0,cuda:1); given alone, its count is the degree. The draft
+    # ignores both: it runs on `device`.
+    tensor_parallel: int = 1
+    target_devices: str = ""
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
@@ -173,9 +178,11 @@ class EngineSettings:
             except ValueError as e:
                 raise SettingsError(f"{name} {getattr(s, name)!r}: {e}") from None
         head = paths.head if role == "target" else ""
+        degree, devices = (_placement(s.tensor_parallel, s.target_devices) if role == "target"
+                           else (1, ""))
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
                    s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault, paths.tokenizer,
-                   s.batch_invariant)
+                   s.batch_invariant, degree, devices)
 
     @property
     def disabled(self) -> bool:
@@ -203,12 +210,39 @@ class EngineSettings:
             return False
         return self.batch_invariant == "on" or dtype in (torch.bfloat16, torch.float16)
 
+    def rank_devices(self) -> list[torch.device]:
+        """One device per tensor-parallel rank, rank 0 first: target_devices, else `device`
+        (auto: cuda) for one rank, cuda:0 .. cuda:N-1 (or the CPU N times) for N."""
+        import torch
+        if self.target_devices:
+            return [torch.device(d) for d in self.target_devices.split(",")]
+        device = self.torch_device()
+        if self.tensor_parallel == 1:
+            return [device]
+        if device.type == "cuda":
+            return [torch.device("cuda", i) for i in range(self.tensor_parallel)]
+        return [device] * self.tensor_parallel
+
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
             from ..engine import default_dtype   # not at import: preprocessing loads no model
             return default_dtype(self.torch_device())
         import torch
         return getattr(torch, self.dtype)
+
+
+def _placement(degree: int, devices: str) -> tuple[int, str]:
+    """(tensor_parallel, target_devices) checked: the count of devices is the degree."""
+    names = [d.strip() for d in devices.split(",") if d.strip()]
+    if degree < 1:
+        raise SettingsError(f"tensor_parallel {degree}: expected 1 or more ranks")
+    if names and degree not in (1, len(names)):
+        raise SettingsError(f"tensor_parallel {degree} but target_devices {devices!r} names "
+                            f"{len(names)} device(s): one device per rank")
+    for name in names:
+        if name != "cpu" and not (name.startswith("cuda:") and name[5:].isdigit()):
+            raise SettingsError(f"target_devices {devices!r}: {name!r} is neither cpu nor cuda:N")
+    return (len(names) or degree), ",".join(names)
 
 
 @dataclass(frozen=True)

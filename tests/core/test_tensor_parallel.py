@@ -189,3 +189,24 @@ def test_a_shape_that_does_not_divide_is_refused_before_any_process_starts():
     with pytest.raises(CheckpointError, match="num_attention_heads 8 is not divisible by the "
                                               "tensor-parallel degree 3"):
         start(TARGET, [CPU] * 3, dict(max_sequences=1, max_len=8), torch.float32)
+
+
+def test_settings_give_the_target_one_device_per_rank(monkeypatch):
+    from specdec.serving.settings import EngineSettings, SettingsError
+    params = {"model_path": str(TARGET)}
+    monkeypatch.setenv("SPECDEC_TARGET_DEVICES", "cuda:0, cuda:1")
+    s = EngineSettings.parse(params, "target")
+    assert s.tensor_parallel == 2 and s.rank_devices() == [torch.device("cuda", 0),
+                                                           torch.device("cuda", 1)]
+    draft = EngineSettings.parse({"model_path": str(DRAFT)}, "draft")
+    assert draft.tensor_parallel == 1 and draft.target_devices == ""
+    monkeypatch.setenv("SPECDEC_TENSOR_PARALLEL", "4")
+    with pytest.raises(SettingsError, match="tensor_parallel 4 but target_devices 'cuda:0, "
+                                            "cuda:1' names 2 device"):
+        EngineSettings.parse(params, "target")
+    monkeypatch.delenv("SPECDEC_TARGET_DEVICES")
+    monkeypatch.setenv("SPECDEC_DEVICE", "cpu")
+    assert EngineSettings.parse(params, "target").rank_devices() == [CPU] * 4
+    monkeypatch.setenv("SPECDEC_TENSOR_PARALLEL", "0")
+    with pytest.raises(SettingsError, match="tensor_parallel 0"):
+        EngineSettings.parse(params, "target")
