@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--cost-repeats", type=int, default=3,
                     help="then time target-only and --cost-k off and on, alternating, this often")
     ap.add_argument("--cost-k", default="2")
+    ap.add_argument("--cost-only", action="store_true", help="skip the output comparison")
     ap.add_argument("--transformers", action="store_true",
                     help="also compare target-only with transformers' greedy generate, same dtype")
     ap.add_argument("--json", type=Path)
@@ -110,7 +111,7 @@ def main() -> None:
     summary = []
     runs = [("draft", k) for k in a.ks.split(",")] + [("ngram", "8"), ("eagle", "4"),
                                                       ("hybrid", "auto")]
-    for mode in ("off", "on"):
+    for mode in () if a.cost_only else ("off", "on"):
         ref, _ = timed(mode, "ngram", "0")
         for proposer, k in runs:
             out, _ = timed(mode, proposer, k)
