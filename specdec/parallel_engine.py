@@ -20,7 +20,10 @@ IDLE = datetime.timedelta(days=365)
 
 
 class RankFailure(RuntimeError):
-    """Another rank is gone or a collective failed: this engine can serve nothing more."""
+    """Another rank is gone or a collective failed: this engine can serve nothing more. The
+    request may be retried (unavailable); the message says "is not healthy", as Triton does of
+    a dead stub, so that the supervisor (serving/recovery.py) restarts the model."""
+    unavailable = True
 
 
 def control_group():
@@ -56,7 +59,7 @@ class Leader:
             for _, p in probs:
                 dist.broadcast(p.contiguous(), src=0)
         except Exception as e:   # a dead rank: nothing more can be computed
-            self.failure = self.failure or f"tensor parallelism failed: {e}"
+            self.failure = self.failure or f"tensor-parallel engine is not healthy: {e}"
             raise RankFailure(self.failure) from e
 
     def _run(self, op: str, payload):
@@ -66,7 +69,7 @@ class Leader:
         except RuntimeError as e:   # a collective inside the forward
             if "gloo" in str(e).lower() or "nccl" in str(e).lower() or isinstance(
                     e, dist.DistError):
-                self.failure = f"tensor parallelism failed: {e}"
+                self.failure = f"tensor-parallel engine is not healthy: {e}"
                 raise RankFailure(self.failure) from e
             raise
 

@@ -39,13 +39,22 @@ class _EngineModel:
             torch.set_num_threads(s.threads())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
         self.check_pair(s, vocab)
-        device = s.torch_device()
+        devices = s.rank_devices() if self.role == "target" else [s.torch_device()]
+        device = devices[0]
         dtype = s.torch_dtype()
-        self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
-                                  device, vocab_size=vocab, attention_kind=s.attention,
-                                  cuda_graphs=s.cuda_graphs and device.type == "cuda",
-                                  head_path=s.eagle_head_path or None,
-                                  batch_invariant=s.invariant(self.role, dtype))
+        # CUDA graphs around NCCL collectives are untested: degree 1 only for now.
+        options = dict(vocab_size=vocab, attention_kind=s.attention,
+                       cuda_graphs=s.cuda_graphs and device.type == "cuda" and len(devices) == 1,
+                       head_path=s.eagle_head_path or None,
+                       batch_invariant=s.invariant(self.role, dtype))
+        if len(devices) > 1:   # this process is rank 0 and starts the others (parallel_launch)
+            from ..parallel_launch import start
+            self.engine = start(s.model_path, devices, dict(
+                max_sequences=s.max_sequences, max_len=s.max_seq_len, **options), dtype,
+                threads=s.threads())
+        else:
+            self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
+                                      device, **options)
         if s.eagle_fault:   # tests only: the head fails inside a verification that stands
             head_faults = faults.Injector(faults.parse(s.eagle_fault))
             self.engine.head_fault = lambda: head_faults.before(1)[0]
