@@ -12,3 +12,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return self.model.execute(requests)
+
+    def finalize(self):
+        # Tensor-parallel workers (specdec/parallel_engine.py) stop with an unload, not only
+        # through the parent-death signal when the stub exits.
+        getattr(getattr(self.model, "engine", None), "stop", lambda: None)()
