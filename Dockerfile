@@ -14,6 +14,11 @@ FROM nvcr.io/nvidia/tritonserver:26.04-py3
 # build (it requires cuda-toolkit 13.0.3 and nvidia-*-cu13 wheels, which bring the CUDA
 # libraries): the image's CUDA major. Checked with `pip install --dry-run --report
 # --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: torch==2.13.0`.
+# NCCL, for tensor parallelism on GPUs (docs/tensor_parallel.md), comes with it: the wheel's
+# METADATA requires nvidia-nccl-cu13==2.29.7 on Linux, and its torch/lib/libtorch_cuda.so needs
+# libnccl.so.2 through an RPATH of $ORIGIN/../../nvidia/nccl/lib, where that wheel puts it
+# (checked in the downloaded wheel, 2026-11-25). So no NCCL of our own, and never torch from a
+# CPU-only index, which has no NCCL.
 ARG TORCH_VERSION=2.13.0
 # flash-attn: none by default. Dao-AILab's release wheels stop at torch 2.10 (flash-attn 2.8.3:
 # cu13torch2.10cxx11abiTRUE-cp312; its wheel workflow maps torch versions up to 2.10 only), so

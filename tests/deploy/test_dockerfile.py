@@ -428,3 +428,26 @@ def test_dockerfile_has_no_stray_latest_or_add():
     text = DOCKERFILE.read_text()
     assert ":latest" not in text
     assert not args_of("ADD"), "use COPY (ADD fetches URLs and unpacks archives)"
+
+
+# What PyPI's torch 2.13.0 cp312 manylinux_2_28_x86_64 wheel requires on Linux for NCCL: read
+# from the wheel's METADATA (Requires-Dist) on 2026-11-25; its libtorch_cuda.so needs
+# libnccl.so.2 from that wheel's nvidia/nccl/lib. Tensor parallelism on GPUs needs it.
+TORCH_NCCL_WHEEL = "nvidia-nccl-cu13"
+
+
+def test_nccl_comes_with_the_cuda_torch_wheel():
+    """NCCL reaches the image as a dependency of PyPI's CUDA torch: torch must come from PyPI's
+    default index (a CPU-only index or a +cpu build has no NCCL), and no pin of our own may
+    fight torch's exact NCCL pin."""
+    assert "+cpu" not in pip_requirements()["torch"]
+    assert not {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"} & set(env())
+    for run in args_of("RUN"):
+        for command in re.split(r"&&|\|\||;", run):
+            if "torch==" in command:
+                assert "index-url" not in command and "download.pytorch.org" not in command, \
+                    command
+    assert not [n for n in pip_requirements() if n.startswith("nvidia-nccl")], \
+        "torch pins its own NCCL wheel: install none beside it"
+    note = comment_above("ARG TORCH_VERSION=")
+    assert TORCH_NCCL_WHEEL in note and "NCCL" in note
