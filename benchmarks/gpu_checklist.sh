@@ -6,6 +6,8 @@
 #
 #   bash benchmarks/gpu_checklist.sh costs     # items 1, 2, 4: about 6 minutes on an H100
 #   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
+#   bash benchmarks/gpu_checklist.sh tp        # issue 30: tensor parallelism at 70B's shape,
+#                                              # degrees 1/2/4 (on a node with 4 GPUs)
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
 # Item 3 (the same through tritonserver) needs the nvidia-pytriton wheel carried beside the
@@ -57,8 +59,18 @@ distill)
         2>&1 | tee "$out/distill.log" | tail -12
     cp /tmp/specdec-head-8b/distill_report.json "$out/distill-report.json" 2>/dev/null
     ;;
+tp)
+    # Issue 30: the target's costs at degrees 1, 2 and 4 (those the GPUs allow; the others are
+    # reported as skipped) at Llama-3.1-70B's layer shape, random weights built on the GPUs (no
+    # checkpoint written): the one-token step, verify(K) for K + 1 tokens, the collectives' share
+    # of each, one all_reduce alone. LAYERS=20 (about 38 GB in bf16) lets degree 1 run on one
+    # 80 GB GPU and compare per layer; LAYERS=80 is the whole model, degree 4 and up only.
+    stamp "tensor-parallel costs"
+    timeout 540 $py benchmarks/tp_costs.py --degrees "${DEGREES:-1,2,4}" --layers "${LAYERS:-20}" \
+        --json "$out/tp-costs.json" 2>&1 | tee "$out/tp-costs.md"
+    ;;
 *)
-    echo "usage: $0 costs|distill" >&2
+    echo "usage: $0 costs|distill|tp" >&2
     exit 2
     ;;
 esac

@@ -13,7 +13,7 @@ real-shape checkpoints of every supported family that the tests load.
     .venv/bin/python benchmarks/make_random_pair.py --out /tmp/rp --head   # + OUT/eagle
 
 Presets (`--target`/`--draft`) are the published config.json values of: llama-8b
-(Llama-3.1-8B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b, gemma2-9b, gemma2-2b (Gemma 2),
+(Llama-3.1-8B), llama-70b (Llama-3.1-70B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b, gemma2-9b, gemma2-2b (Gemma 2),
 gemma3-12b (Gemma 3 12B's language model, as a text-only checkpoint), gemma3-1b, phi4-mini
 (Phi-4-mini-instruct), phi3-mini (Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped
 KV heads, tied embeddings, RoPE scaling, sliding windows and soft caps included. `--scale s`
@@ -67,6 +67,13 @@ PRESETS = {
                      vocab_size=128256, head_dim=128, max_position_embeddings=131072,
                      rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0),
                      rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # meta-llama/Llama-3.1-70B(-Instruct) config.json: the target that needs tensor parallelism
+    # (about 141 GB in bf16; benchmarks/tp_costs.py builds it on the GPUs, no checkpoint)
+    "llama-70b": dict(model_type="llama", hidden_size=8192, num_hidden_layers=80,
+                      num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
+                      vocab_size=128256, head_dim=128, max_position_embeddings=131072,
+                      rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0),
+                      rms_norm_eps=1e-5, tie_word_embeddings=False),
     # meta-llama/Llama-3.2-1B config.json
     "llama-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16,
                      num_attention_heads=32, num_key_value_heads=8, intermediate_size=8192,
