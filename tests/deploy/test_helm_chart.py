@@ -403,6 +403,88 @@ def test_hpa_metric_is_one_the_server_exports():
     assert name in (REPO / "docs" / "deploy.md").read_text(), "docs/deploy.md: adapter rule for it"
 
 
+def placement_env() -> str:
+    text = (TEMPLATES / "_helpers.tpl").read_text()
+    start = text.index('{{- define "triton-specdec.placementEnv" -}}')
+    return text[start:]
+
+
+def test_gpu_count_feeds_the_tensor_parallel_degree():
+    """SPECDEC_TENSOR_PARALLEL is specdec.tensorParallel, else gpu.count (at least 1), unless the
+    user sets it in extraEnv or names the devices alone; a degree above gpu.count fails."""
+    assert '{{- include "triton-specdec.placementEnv" . }}' in settings_env()
+    env = placement_env()
+    assert "{{- $gpus := int .Values.gpu.count }}" in env
+    assert "{{- $degree := int (.Values.specdec.tensorParallel | default (max 1 $gpus)) }}" in env
+    assert re.search(r"- name: SPECDEC_TENSOR_PARALLEL\n\s+value: \{\{ \$degree \| quote \}\}",
+                     env)
+    assert re.search(r"\{\{- if and \(gt \$gpus 0\) \(gt \$degree \$gpus\) \}\}\n\{\{- fail ",
+                     env)
+    assert '{{- if eq .name "SPECDEC_TENSOR_PARALLEL" }}{{ $userSet = true }}{{ end }}' in env
+    assert re.search(r"\{\{- with \.Values\.specdec\.targetDevices \}\}\n- name: "
+                     r"SPECDEC_TARGET_DEVICES\n", env)
+    v = values()
+    assert v["specdec"]["tensorParallel"] == 0 and v["specdec"]["targetDevices"] == ""
+    # the chart's default (gpu.count 1) is the code's default degree
+    from specdec.serving.settings import EngineSettings
+    assert max(1, v["gpu"]["count"]) == EngineSettings().tensor_parallel == 1
+
+
+def example(name: str) -> dict:
+    return yaml.safe_load((REPO / "deploy" / "helm" / "examples" / name).read_text())
+
+
+def test_the_70b_example_shards_over_four_gpus_and_fits_them():
+    """Llama-3.1-70B-Instruct at degree 4 (gpu.count), the 1B draft on the target's first GPU:
+    rank 0's weights and KV plus the draft's, at the example's slots, are the why-comment's
+    figure and fit an 80 GB GPU with room to spare."""
+    import sys
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    import tp_costs
+
+    from specdec import parallel
+
+    ex = example("llama-3.1-70b.yaml")
+    s = ex["specdec"]
+    assert ex["models"]["target"].endswith("/Meta-Llama-3.1-70B-Instruct")
+    assert ex["models"]["draft"].endswith("/Llama-3.2-1B-Instruct")
+    degree = s.get("tensorParallel") or ex["gpu"]["count"]
+    assert degree == ex["gpu"]["count"] == 4
+    full = tp_costs.model_args(tp_costs.argparse.Namespace(
+        preset="llama-70b", scale=1.0, vocab_size=None, layers=None))
+    for rank in range(degree):
+        parallel.layout(full, rank, degree)   # the shapes divide
+    draft = tp_costs.model_args(tp_costs.argparse.Namespace(
+        preset="llama-1b", scale=1.0, vocab_size=None, layers=None))
+    rows, length = s["maxSequences"], s["maxSeqLen"]
+    gpu0 = (tp_costs.rank_bytes(full, torch.bfloat16, degree, rows, length)
+            + tp_costs.rank_bytes(draft, torch.bfloat16, 1, rows, length))
+    said = re.search(r"(\d+) GB in all", (REPO / "deploy" / "helm" / "examples" /
+                                          "llama-3.1-70b.yaml").read_text())
+    assert said and abs(int(said.group(1)) - gpu0 / 1e9) < 1, (said, gpu0 / 1e9)
+    assert gpu0 < 0.9 * 80e9
+    assert s["maxTokensLimit"] < s["maxSeqLen"]
+
+
+def gib(quantity: str) -> float:
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)(Gi|Mi)", quantity).groups()
+    return float(number) / (1024 if unit == "Mi" else 1)
+
+
+def test_the_70b_example_sizes_shm_and_memory_for_four_ranks():
+    ex = example("llama-3.1-70b.yaml")
+    limit, shm = gib(ex["resources"]["limits"]["memory"]), gib(ex["shm"]["sizeLimit"])
+    # /dev/shm counts as pod memory: it must fit beside the ranks' processes
+    assert gib(values()["shm"]["sizeLimit"]) < shm < limit / 4
+    assert gib(ex["resources"]["requests"]["memory"]) <= limit
+    # loading 141 GB may take long: more startup time than the 8B default of 15 minutes
+    startup = ex["probes"]["startup"]
+    base = values()["probes"]["startup"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] > \
+        base["periodSeconds"] * base["failureThreshold"]
+
+
 # --- with a helm binary ------------------------------------------------------------------------
 
 HELM = shutil.which("helm")
@@ -471,6 +553,8 @@ def test_helm_template(variant, monkeypatch):
         (metric,) = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"]
         assert metric["type"] == "Pods"
         assert metric["pods"]["metric"]["name"] == values()["autoscaling"]["metric"]["name"]
+    gpus = c["resources"]["limits"]["nvidia.com/gpu"]
+    assert env["SPECDEC_TENSOR_PARALLEL"] == str(max(1, gpus))
     if variant.startswith("example:"):
         assert env["SPECDEC_TARGET_MODEL"].startswith("/models/")
         assert any(v.get("persistentVolumeClaim") for v in pod["volumes"])

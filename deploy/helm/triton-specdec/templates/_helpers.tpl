@@ -92,9 +92,34 @@ terminationGracePeriodSeconds less 5 s for the exit itself (specdec/serving/shut
   value: {{ .Values.specdec.attention | quote }}
 - name: SPECDEC_CUDA_GRAPHS
   value: {{ .Values.specdec.cudaGraphs | quote }}
+{{- include "triton-specdec.placementEnv" . }}
 - name: SPECDEC_SHUTDOWN_GRACE_S
   value: {{ max 0 (sub (int .Values.terminationGracePeriodSeconds) 5) | quote }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Where the target runs (docs/tensor_parallel.md): SPECDEC_TENSOR_PARALLEL is
+specdec.tensorParallel, else gpu.count (the pod's GPUs, one rank each), unless extraEnv sets it;
+with specdec.targetDevices alone, the devices' count is the degree and no degree is set. A degree
+above gpu.count would leave ranks without a GPU: refused here. */}}
+{{- define "triton-specdec.placementEnv" -}}
+{{- $userSet := false }}
+{{- range .Values.extraEnv }}
+{{- if eq .name "SPECDEC_TENSOR_PARALLEL" }}{{ $userSet = true }}{{ end }}
+{{- end }}
+{{- $gpus := int .Values.gpu.count }}
+{{- $degree := int (.Values.specdec.tensorParallel | default (max 1 $gpus)) }}
+{{- if and (gt $gpus 0) (gt $degree $gpus) }}
+{{- fail (printf "specdec.tensorParallel %d needs a GPU per rank: gpu.count is %d" $degree $gpus) }}
+{{- end }}
+{{- if not (or $userSet (and .Values.specdec.targetDevices (not .Values.specdec.tensorParallel))) }}
+- name: SPECDEC_TENSOR_PARALLEL
+  value: {{ $degree | quote }}
+{{- end }}
+{{- with .Values.specdec.targetDevices }}
+- name: SPECDEC_TARGET_DEVICES
+  value: {{ . | quote }}
 {{- end }}
 {{- end }}
