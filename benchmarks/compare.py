@@ -52,11 +52,11 @@ from server import Server, acceptance_rate, drafted_per_round, exit_on_sigterm, 
 from untrained_draft import make as make_untrained
 from workloads import REPEATING
 
-AUTO = -1   # num_draft_tokens: chosen per round by the server
+from specdec.records import AUTO, Off
+
 OLD_LOAD_POLICY = {"SPECDEC_SPEC_FULL_BELOW": "8", "SPECDEC_SPEC_OFF_AT": "32"}
 CHOSEN, OFF = "specdec_chosen_draft_tokens_bucket", "specdec_speculation_off_rounds_total"
 DRAFTED = "specdec_draft_tokens_total"
-OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def markdown(report: dict) -> str:
             f"{r.get('vs_target_only', 0):.2f} | "
             f"{' / '.join(f'{x:.0f}' for x in r['tokens_per_s_runs'])} | {acc} | "
             f"{r['k_per_round']:.2f} | {share} | {calls} | {dist or '-'} | "
-            f"{' / '.join(str(int(off.get(x, 0))) for x in OFF_REASONS)}"
+            f"{' / '.join(str(int(off.get(x, 0))) for x in Off)}"
             f" | {r['same_text_as_target_only']} |")
     return "\n".join(lines) + "\n"
 

@@ -33,7 +33,8 @@ from machine import git_state, machine
 sys.path.insert(0, str(ROOT))
 
 from specdec.eagle.checkpoint import load_head  # noqa: E402
-from specdec.engine import Engine, ProposeCall, VerifyCall  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.records import ProposeCall, VerifyCall  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
 

@@ -27,7 +27,8 @@ from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, prompt_ids
 
 sys.path.insert(0, str(ROOT))
 
-from specdec.engine import Engine, ProposeCall, VerifyCall  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.records import ProposeCall, VerifyCall  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 

@@ -22,7 +22,8 @@ def engine_runs(target: Path, draft: Path, tokenizer, prompts: list[tuple[int, s
     from specdec.config import ModelArgs
     from specdec.engine import Engine
     from specdec.local import LocalDrafter, LocalVerifier
-    from specdec.loop import Request, speculate
+    from specdec.loop import speculate
+    from specdec.records import Request
 
     args = ModelArgs.from_dir(target)
     vocab = args.vocab_size

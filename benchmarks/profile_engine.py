@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 from specdec.config import ModelArgs  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
-from specdec.loop import Request, speculate  # noqa: E402
+from specdec.loop import speculate  # noqa: E402
+from specdec.records import Request  # noqa: E402
 
 
 def main(argv=None) -> int:

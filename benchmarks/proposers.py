@@ -34,8 +34,9 @@ from workloads import WORKLOADS
 from specdec.config import ModelArgs
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import Request, speculate
+from specdec.loop import speculate
 from specdec.ngram import MAX_N, MIN_N, NgramProposer
+from specdec.records import Request
 
 
 PROPOSERS = (("draft", "draft"), ("ngram", "n-gram"), ("hybrid", "hybrid"))

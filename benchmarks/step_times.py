@@ -23,7 +23,8 @@ from inputs import ROOT, add_pair_arguments
 
 sys.path.insert(0, str(ROOT))
 
-from specdec.engine import Engine, ProposeCall, VerifyCall  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.records import ProposeCall, VerifyCall  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -19,55 +19,12 @@ from .eagle.checkpoint import load_head
 from .eagle.drafting import HeadDrafter
 from .eagle.head import EagleHead
 from .graphs import GraphedForward
-from .kv_cache import KVCache, SlotError, SlotPool
+from .kv_cache import KVCache, SlotPool
 from .model import Batch, Transformer
-from .sampling import DRAFT, BatchSampling, SamplingParams, probabilities, sample
+from .records import Failure, Proposal, ProposeCall, SlotError, Verdict, VerifyCall
+from .sampling import DRAFT, BatchSampling, probabilities, sample
 from .verify import verify as verify_drafts
 from .weights import load_model
-
-
-@dataclass
-class ProposeCall:
-    seq_id: int
-    start: int
-    tokens: list[int]          # committed tokens from `start` on, not cached yet (>= 1)
-    k: int                     # tokens to draft (>= 1)
-    sampling: SamplingParams
-
-
-@dataclass
-class Proposal:
-    tokens: list[int]               # [<= k]; fewer (even none) from a proposer without a guess
-    probs: torch.Tensor | None      # [len(tokens), V] on the engine's device; None: one-hot
-                                    # (a greedy draft, or a deterministic proposer)
-
-
-@dataclass
-class VerifyCall:
-    seq_id: int
-    start: int
-    tokens: list[int]               # committed tokens from `start` on, not cached yet (>= 1)
-    drafts: list[int]               # [k], k >= 0
-    draft_probs: torch.Tensor | None  # [k, V'] or None: one-hot of drafts, exact for any
-                                      # target sampling (verify.py)
-    sampling: SamplingParams
-    # An engine serving an EAGLE-3 head (eagle/): None, this sequence does not use the head;
-    # else the head catches up on the committed positions and drafts next_k (>= 0) tokens.
-    next_k: int | None = None
-    drafts_from_head: bool = False   # drafts are the head's last proposal: verify with its q
-
-
-@dataclass
-class Verdict:
-    tokens: list[int]          # accepted drafts + the target's correction or bonus token
-    num_accepted: int
-    proposal: list[int] | None = None  # with next_k: the head's drafts for the next round
-    draft_s: float = 0.0       # seconds the head took over them (the batch's)
-    failure: str | None = None  # "error": the head failed; the verdict stands, no proposal
-    # What the batch's cost grew with (a row's own k does not move it when other rows draft
-    # more): the most drafts a row of this verification carried, and the head's steps.
-    batch_k: int = 0
-    head_steps: int = 0
 
 
 class Engine:
@@ -308,7 +265,7 @@ class Engine:
                 [c.sampling.greedy for c in sub])
             failure = None
         except Exception:   # the head is an accelerator: this round drafts nothing
-            proposals, failure = [[] for _ in sub], "error"
+            proposals, failure = [[] for _ in sub], Failure.ERROR
         seconds = time.perf_counter() - t0
         for b, tokens in zip(rows, proposals):
             verdicts[b].proposal, verdicts[b].draft_s, verdicts[b].failure = \

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Proposers: the draft model, prompt lookup (ngram.py), an EAGLE-3 head in the target (eagle/).
-DRAFT, NGRAM, EAGLE = "draft", "ngram", "eagle"
-PROPOSERS = (DRAFT, NGRAM, EAGLE)
+from .records import Proposer
 
 
 def expected_tokens(acceptance: list[float]) -> list[float]:
@@ -90,22 +88,22 @@ PRIOR = PriorCosts()
 @dataclass
 class Costs:
     """Seconds of a round's parts as functions of k, at one load level."""
-    propose: dict[str, LinearFit]   # per proposer, x = k >= 1: one proposal
+    propose: dict[Proposer, LinearFit]   # per proposer, x = k >= 1: one proposal
     verify: LinearFit               # x = k: one verification
     other: LinearFit                # x = 0: the loop's own time between calls
 
     @classmethod
     def prior(cls, p: PriorCosts) -> "Costs":
-        return cls({DRAFT: LinearFit((p.draft_call, p.draft_token)),
-                    NGRAM: LinearFit((p.ngram_call, p.ngram_token)),
-                    EAGLE: LinearFit((p.eagle_call, p.eagle_token))},
+        return cls({Proposer.DRAFT: LinearFit((p.draft_call, p.draft_token)),
+                    Proposer.NGRAM: LinearFit((p.ngram_call, p.ngram_token)),
+                    Proposer.EAGLE: LinearFit((p.eagle_call, p.eagle_token))},
                    LinearFit((p.verify_call, p.verify_token)), LinearFit((p.other, 0.0)))
 
     @property
     def observations(self) -> float:
         return self.verify.n
 
-    def propose_s(self, proposer: str, k: int) -> float:
+    def propose_s(self, proposer: Proposer, k: int) -> float:
         fit = self.propose[proposer]
         level = self.verify.level()
         if fit.n >= 1 or level is None:
@@ -114,16 +112,17 @@ class Costs:
         # up on skipped tokens): the prior's, at the scale the verifications show.
         return fit(k) * level
 
-    def round_s(self, proposer: str | None, k: int) -> float:
+    def round_s(self, proposer: Proposer | None, k: int) -> float:
         drafting = self.propose_s(proposer, k) if k else 0.0
-        if proposer == EAGLE and k:
+        if proposer == Proposer.EAGLE and k:
             # The head catches up on every verification of a sequence that uses it, drafting
             # or not (its cache must hold every position): only its steps are this choice's.
-            drafting -= self.propose_s(EAGLE, 0)
+            drafting -= self.propose_s(Proposer.EAGLE, 0)
         return drafting + self.verify(k) + self.other(0)
 
 
-PRIOR_ACCEPTANCE = {DRAFT: 0.6, NGRAM: 0.5, EAGLE: 0.6}   # per position, before anything
+# Per position, before anything is measured.
+PRIOR_ACCEPTANCE = {Proposer.DRAFT: 0.6, Proposer.NGRAM: 0.5, Proposer.EAGLE: 0.6}
 PRIOR_WEIGHT = 2.0          # pseudo-rounds of PRIOR_ACCEPTANCE in the server's estimate
 # Pseudo-rounds of the server's estimate in a sequence's own (with the sequence's forgetting,
 # 0.97 a round, they keep its estimate from chasing a few rounds' luck where E(k)/T(k) is flat).

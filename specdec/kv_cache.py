@@ -12,13 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-class SlotError(RuntimeError):
-    """A per-sequence failure: the caller reports it for that request only."""
-
-    def __init__(self, message: str, unavailable: bool = False):
-        super().__init__(message)
-        self.unavailable = unavailable  # pool full: retry later, the request itself was fine
+from .records import SlotError
 
 
 class KVCache:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from .engine import Engine, Proposal, ProposeCall, Verdict, VerifyCall
-from .kv_cache import SlotError
+from .engine import Engine
+from .records import Proposal, ProposeCall, SlotError, Verdict, VerifyCall
 
 
 class _Batcher:

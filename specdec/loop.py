@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
-from .engine import ProposeCall, Proposal, Verdict, VerifyCall
-from .estimates import DRAFT, EAGLE, NGRAM
 from .ngram import NgramProposer
 from .policy import Choice, Planner, Policy
-from .sampling import SamplingParams
+from .records import (DRAFTING, Chunk, Failure, Finish, Proposal, ProposeCall, Proposer, Request,
+                      Round, Stats, Verdict, VerifyCall)
 
 
 class Drafter(Protocol):
@@ -35,62 +33,19 @@ class Verifier(Protocol):
     async def release(self, seq_id: int) -> None: ...
 
 
-@dataclass(frozen=True)
-class Request:
-    prompt: list[int]
-    max_tokens: int
-    num_draft_tokens: int                    # exactly this k per round; with auto, the cap
-    sampling: SamplingParams = SamplingParams()
-    stop: tuple[tuple[int, ...], ...] = ()   # token sequences that end generation (not shown)
-    eos: tuple[int, ...] = ()                # ids that end generation (not shown)
-    auto: bool = False                       # k chosen per round by the policy (policy.py)
-    # Sampled tokens depend on the round structure, so a seeded sampling request's k may depend
-    # only on its own history: its output is then a function of its inputs and seed alone.
-    reproducible: bool = False
-    # The first round is the target's prefill alone, so the first token comes as soon as
-    # without speculation; the draft prefills on its first proposal instead.
-    prefill_alone: bool = True
-    proposer: str = DRAFT          # "draft", "ngram", "eagle" or "hybrid" (PROPOSER_SETS)
-
-
-HYBRID = "hybrid"
 # How long a finished sequence waits for the draft model's release before it frees its slot
 # (a healthy draft answers in milliseconds; the release goes on after that, unwaited).
 DRAFT_RELEASE_WAIT_S = 0.05
 # What a request's proposer may draft with, in the order a fixed k prefers them. Hybrid drafts
 # with what the server has.
-PROPOSER_SETS = {DRAFT: (DRAFT,), NGRAM: (NGRAM,), EAGLE: (EAGLE,),
-                 HYBRID: (NGRAM, EAGLE, DRAFT)}
+PROPOSER_SETS = {**{p: (p,) for p in DRAFTING},
+                 Proposer.HYBRID: (Proposer.NGRAM, Proposer.EAGLE, Proposer.DRAFT)}
 
 
 def open_policy(planner: Planner, req: Request) -> Policy:
     """The request's policy on a server-wide planner; close it with planner.close."""
     return planner.open(req.num_draft_tokens, req.auto, req.reproducible,
                         PROPOSER_SETS[req.proposer])
-
-
-@dataclass
-class Stats:
-    num_output_tokens: int = 0
-    total_draft_tokens: int = 0
-    total_accepted_draft_tokens: int = 0
-    ngram_draft_tokens: int = 0              # of the totals, what prompt lookup proposed
-    ngram_accepted_tokens: int = 0
-    rounds: int = 0
-    accepted_per_round: list[int] = field(default_factory=list)
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.total_accepted_draft_tokens / max(self.total_draft_tokens, 1)
-
-
-@dataclass
-class Chunk:
-    tokens: list[int]           # output tokens now safe to show
-    finish_reason: str | None   # None until the last chunk: "length", "eos", "stop", "cancelled"
-    stats: Stats
 
 
 class _Output:
@@ -100,53 +55,31 @@ class _Output:
         self.req, self.max_len = req, max_len
         self.tokens: list[int] = []
         self.shown = 0
-        self.finish: str | None = None
+        self.finish: Finish | None = None
         # A partial stop sequence at the end may still complete: hold that many tokens back.
         self.hold = max((len(s) for s in req.stop), default=1) - 1
 
     def extend(self, new: list[int]) -> None:
         for t in new:
             if t in self.req.eos:
-                self.finish = "eos"
+                self.finish = Finish.EOS
                 return
             self.tokens.append(t)
             for s in self.req.stop:
                 if len(self.tokens) >= len(s) and tuple(self.tokens[-len(s):]) == s:
                     del self.tokens[-len(s):]
-                    self.finish = "stop"
+                    self.finish = Finish.STOP
                     return
             if len(self.tokens) >= self.req.max_tokens:
-                self.finish = "length"
+                self.finish = Finish.LENGTH
                 return
         if len(self.req.prompt) + len(self.tokens) > self.max_len:
-            self.finish = "length"  # context window full
+            self.finish = Finish.LENGTH  # context window full
 
     def take(self) -> list[int]:
         end = len(self.tokens) if self.finish else max(self.shown, len(self.tokens) - self.hold)
         new, self.shown = self.tokens[self.shown:end], end
         return new
-
-
-@dataclass(frozen=True)
-class Round:
-    k: int                    # tokens drafted (0 when the draft failed)
-    accepted: int             # of those, accepted
-    draft_s: float            # the draft call, as the loop waited for it
-    verify_s: float           # the target call
-    other_s: float | None = None  # the loop's own time since the previous round's verification
-    prefill: bool = False     # the target saw the prompt (or a long catch-up) this round
-    draft_fed: int = 0        # committed tokens the draft had to catch up on (0: no draft call)
-    failure: str | None = None  # "error", "timeout" or "unavailable": the draft call failed
-    limit: int = 0            # the most the request allowed this round
-    reason: str = ""          # why k is 0 though limit is not (policy.Choice.reason)
-    proposer: str = DRAFT     # who proposed (or was asked to): "draft", "ngram" or "eagle"
-    # The head drafts a round ahead, before k is chosen: the steps it ran over the batch that
-    # drafted this proposal (at least the tokens it drafted for this row); draft_s is theirs.
-    drafted: int = 0
-    head_failure: str | None = None  # the head failed in this verification: no proposal next
-    # The verification cost's x (policy.py): a batched call costs what its widest row asks, so
-    # the most drafts any row of its batch carried; None: the row's own k.
-    batch_k: int | None = None
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
@@ -166,13 +99,14 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
     # The head drafts inside the verifier's calls, whose release frees its state too.
-    drafters = {DRAFT: drafter, NGRAM: ngram, EAGLE: verifier if head else None}
+    drafters = {Proposer.DRAFT: drafter, Proposer.NGRAM: ngram,
+                Proposer.EAGLE: verifier if head else None}
     allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
-    if req.proposer == HYBRID:
+    if req.proposer == Proposer.HYBRID:
         allowed = tuple(p for p in allowed if drafters[p] is not None)
     missing = [p for p in allowed if drafters[p] is None]
     if missing:
-        raise ValueError(f"proposer {req.proposer!r} needs {', '.join(missing)}, not configured")
+        raise ValueError(f"proposer '{req.proposer}' needs {', '.join(missing)}, not configured")
     if policy is None:
         policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, False,
                                                     proposers=allowed)
@@ -181,7 +115,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     committed = list(req.prompt)
     target_len = 0                    # tokens the target has cached, all committed
     lens = {p: 0 for p in allowed}    # tokens each proposer holds, all committed
-    used = {NGRAM} & set(allowed)     # proposers holding state for this sequence
+    used = {Proposer.NGRAM} & set(allowed)   # proposers holding state for this sequence
     verified_at = None
     pending, pending_s = [], 0.0      # the head's proposal for this round, and its seconds
     pending_fed = 0                   # committed tokens its verification caught the head up on
@@ -189,22 +123,23 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     try:
         while out.finish is None:
             if cancelled():
-                out.finish = "cancelled"
+                out.finish = Finish.CANCELLED
                 break
             n = len(committed)
             t0 = time.perf_counter()
             limit = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
                 req.num_draft_tokens, max_len - n, req.max_tokens - len(out.tokens) - 1))
             offers = {}
-            if limit and NGRAM in allowed:   # what a lookup would propose, for the choice
-                match = ngram.lookup(seq_id, lens[NGRAM], committed[lens[NGRAM]:])
-                lens[NGRAM], offers[NGRAM] = n, match.proposes(limit)
-            if limit and EAGLE in allowed:
-                offers[EAGLE] = min(len(pending), limit)
+            if limit and Proposer.NGRAM in allowed:   # what a lookup would propose, for the choice
+                held = lens[Proposer.NGRAM]
+                match = ngram.lookup(seq_id, held, committed[held:])
+                lens[Proposer.NGRAM], offers[Proposer.NGRAM] = n, match.proposes(limit)
+            if limit and Proposer.EAGLE in allowed:
+                offers[Proposer.EAGLE] = min(len(pending), limit)
             choice = policy.choose(limit, offers) if limit else Choice(0)
             k, p, failure, fed, drafted = choice.k, choice.proposer, None, 0, 0
             proposal = Proposal([], None)
-            from_head = k > 0 and p == EAGLE
+            from_head = k > 0 and p == Proposer.EAGLE
             if from_head:
                 proposal, drafted = Proposal(pending[:k], None), max(pending_steps, len(pending))
             elif k > 0:
@@ -213,14 +148,14 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 try:
                     proposal = await asyncio.wait_for(drafters[p].propose(ProposeCall(
                         seq_id, lens[p], committed[lens[p]:], k, req.sampling)),
-                        draft_timeout_s if p == DRAFT else None)
+                        draft_timeout_s if p == Proposer.DRAFT else None)
                     k = len(proposal.tokens)  # a lookup may have fewer; 0: target only
                 except Exception as exc:   # the draft is an accelerator, never a dependency
                     failure = _failure_reason(exc)
                     k, lens[p] = 0, 0      # its cache is unknown now: re-prefill next time
             t1 = time.perf_counter()
             next_k = None
-            if EAGLE in allowed:   # the next round's limit is at most this
+            if Proposer.EAGLE in allowed:   # the next round's limit is at most this
                 next_k = policy.lookahead(max(0, min(req.num_draft_tokens, max_len - n - 1,
                                                      req.max_tokens - len(out.tokens) - 2)))
             verdict = await verifier.verify(VerifyCall(
@@ -242,7 +177,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             stats.rounds += 1
             stats.total_draft_tokens += k
             stats.total_accepted_draft_tokens += m
-            if p == NGRAM:
+            if p == Proposer.NGRAM:
                 stats.ngram_draft_tokens += k
                 stats.ngram_accepted_tokens += m
             stats.accepted_per_round.append(m)
@@ -260,7 +195,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             new = out.take()
             if new or out.finish:
                 await _call(emit, Chunk(new, out.finish, stats))
-        if out.finish == "cancelled":
+        if out.finish == Finish.CANCELLED:
             await _call(emit, Chunk(out.take(), out.finish, stats))
         return stats
     finally:
@@ -269,11 +204,12 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
         # (its slots gone with its process) would hold this sequence's admission slot for
         # seconds. A model takes calls in order, and a batch's releases before its proposals, so
         # a later sequence's first proposal still finds this one's draft slot free.
-        later = [asyncio.ensure_future(drafter.release(seq_id))] if DRAFT in used else []
+        later = [asyncio.ensure_future(drafter.release(seq_id))] if Proposer.DRAFT in used else []
         for task in later:
             task.add_done_callback(_retrieve)
         await asyncio.shield(asyncio.gather(
-            verifier.release(seq_id), *(drafters[p].release(seq_id) for p in used if p != DRAFT),
+            verifier.release(seq_id),
+            *(drafters[p].release(seq_id) for p in used if p != Proposer.DRAFT),
             return_exceptions=True))
         if later:
             await asyncio.wait(later, timeout=DRAFT_RELEASE_WAIT_S)
@@ -285,10 +221,10 @@ def _retrieve(task: asyncio.Future) -> None:
         task.exception()
 
 
-def _failure_reason(exc: Exception) -> str:
+def _failure_reason(exc: Exception) -> Failure:
     if isinstance(exc, asyncio.TimeoutError):
-        return "timeout"
-    return "unavailable" if getattr(exc, "unavailable", False) else "error"
+        return Failure.TIMEOUT
+    return Failure.UNAVAILABLE if getattr(exc, "unavailable", False) else Failure.ERROR
 
 
 async def _call(fn, chunk: Chunk) -> None:

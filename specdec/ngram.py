@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .engine import Proposal, ProposeCall
+from .records import Proposal, ProposeCall
 
 # Up to four tokens to pick the right occurrence among several, at least two: a single token (a
 # newline, a comma) recurs everywhere. On the default pair's held-out prompts at K=4, going down

@@ -25,8 +25,9 @@ import math
 import time
 from dataclasses import dataclass
 
-from .estimates import (DRAFT, EAGLE, PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, PROPOSERS,
-                        SEQUENCE_WEIGHT, Acceptance, Costs, PriorCosts, expected_tokens)
+from .estimates import (PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, SEQUENCE_WEIGHT, Acceptance, Costs,
+                        PriorCosts, expected_tokens)
+from .records import DRAFTING, Off, Proposer, Round
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
 _LEVELS = 8
@@ -43,14 +44,14 @@ def _level(active: int) -> int:
 @dataclass(frozen=True)
 class Choice:
     k: int
-    reason: str = ""        # why k is 0 though drafts were allowed: "acceptance", "draft_down",
-    proposer: str = DRAFT   # "load_cap", "no_match" (no n-gram to propose from)
+    reason: Off | None = None   # why k is 0 though drafts were allowed
+    proposer: Proposer = Proposer.DRAFT
 
 
 @dataclass(frozen=True)
 class Estimates:
-    acceptance: dict[str, list[float]]   # server-wide, per proposer and position
-    costs: dict[str, float]              # seconds: draft_call, draft_token, verify_call, ...
+    acceptance: dict[Proposer, list[float]]   # server-wide, per proposer and position
+    costs: dict[str, float]                   # seconds: draft_call, draft_token, verify_call, ...
 
 
 class Planner:
@@ -64,13 +65,13 @@ class Planner:
     def __init__(self, max_k: int, load_cap: tuple[int, int] | None = None,
                  prior: PriorCosts = PRIOR, probe_every: int = 4, probe_max: int = 64,
                  down_s: float = 0.5, down_max_s: float = 10.0, clock=time.monotonic,
-                 proposers: tuple[str, ...] = PROPOSERS):
+                 proposers: tuple[Proposer, ...] = DRAFTING):
         """proposers: what this server has; a request's set is cut down to them."""
         self.max_k, self.load_cap, self.prior = max_k, load_cap, prior
         self.proposers = proposers
         self.probe_every, self.probe_max = probe_every, probe_max
         self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
-        self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in PROPOSERS}
+        self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in DRAFTING}
         self.mean_k = float(max_k)   # k of the rounds that drafted, all rows (a moving average)
         self.costs = [Costs.prior(prior) for _ in range(_LEVELS)]
         self.frozen_costs = Costs.prior(prior)
@@ -83,7 +84,7 @@ class Planner:
         self.probing = False
 
     def open(self, num_draft_tokens: int, auto: bool, frozen: bool = False,
-             proposers: tuple[str, ...] = (DRAFT,)) -> "Policy":
+             proposers: tuple[Proposer, ...] = (Proposer.DRAFT,)) -> "Policy":
         """proposers: what the request may draft with, in the order a fixed k prefers them."""
         proposers = tuple(p for p in proposers if p in self.proposers)
         self.active += 1
@@ -96,15 +97,15 @@ class Planner:
         if policy.probing_draft:   # its probe never came back: let another sequence try
             self.probing = policy.probing_draft = False
 
-    def server_acceptance(self, proposer: str) -> list[float]:
+    def server_acceptance(self, proposer: Proposer) -> list[float]:
         return self.acceptance[proposer].rates(PRIOR_ACCEPTANCE[proposer],
                                                PRIOR_WEIGHT)
 
     def estimates(self) -> Estimates:
         c = self.costs_now()
-        d0, v0 = c.propose_s(DRAFT, 0), c.verify(0)
-        d1, v1 = c.propose_s(DRAFT, 1) - d0, c.verify(1) - v0
-        return Estimates({p: self.server_acceptance(p) for p in PROPOSERS}, {
+        d0, v0 = c.propose_s(Proposer.DRAFT, 0), c.verify(0)
+        d1, v1 = c.propose_s(Proposer.DRAFT, 1) - d0, c.verify(1) - v0
+        return Estimates({p: self.server_acceptance(p) for p in DRAFTING}, {
             "draft_call": d0, "draft_token": d1, "verify_call": v0, "verify_token": v1,
             "other": c.other(0)})
 
@@ -117,22 +118,22 @@ class Planner:
                     return self.costs[lv]
         return self.costs[level]
 
-    def observe(self, r, policy: "Policy") -> None:
-        """A finished round (loop.Round) of one sequence."""
+    def observe(self, r: Round, policy: "Policy") -> None:
+        """A finished round of one sequence."""
         if r.failure:
-            if r.proposer == DRAFT:
+            if r.proposer == Proposer.DRAFT:
                 self._draft_failed(policy)
             return
         if r.k:
             self.mean_k += 0.02 * (r.k - self.mean_k)
-            if r.proposer == DRAFT and (policy.probing_draft or self.failing):
+            if r.proposer == Proposer.DRAFT and (policy.probing_draft or self.failing):
                 self.failing = self.probing = policy.probing_draft = False
                 self.backoff = self.down_s
             self.acceptance[r.proposer].add(r.k, r.accepted)
         if r.prefill:
             return                           # a prompt's prefill is not a steady-state round
         costs = self.costs[_level(self.active)]
-        # x: what the call's cost grew with, the batch's widest row (loop.Round.batch_k): at
+        # x: what the call's cost grew with, the batch's widest row (Round.batch_k): at
         # load a row's own k barely moves a batch that others widen, and fitted on it every
         # row would see more drafts as free while together they slow every round.
         if r.k and r.draft_fed <= 2:         # a draft catching up on many tokens is a prefill
@@ -175,10 +176,10 @@ class Planner:
 class Policy:
     probing_draft = False     # this sequence is the one testing a draft that failed
 
-    def __init__(self, planner: Planner, proposers: tuple[str, ...], frozen: bool):
+    def __init__(self, planner: Planner, proposers: tuple[Proposer, ...], frozen: bool):
         self.planner, self.proposers, self.frozen = planner, proposers, frozen
 
-    def choose(self, limit: int, available: dict[str, int] | None = None) -> Choice:
+    def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
         """k in 0..limit and its proposer. available: the most each proposer can offer now
         (n-gram: its match's continuation); absent ones can offer the limit."""
         raise NotImplementedError
@@ -189,7 +190,7 @@ class Policy:
         next round's choice takes what it needs of it."""
         raise NotImplementedError
 
-    def observe(self, r) -> None:
+    def observe(self, r: Round) -> None:
         self.planner.observe(r, self)
 
     def _cap(self, k: int) -> int:
@@ -197,37 +198,37 @@ class Policy:
 
     def _draft(self, k: int) -> Choice:
         if self.planner.draft_blocked(self):
-            return Choice(0, "draft_down")
+            return Choice(0, Off.DRAFT_DOWN)
         self.planner.use_draft(self)
-        return Choice(k, "", DRAFT)
+        return Choice(k, None, Proposer.DRAFT)
 
 
 class Fixed(Policy):
-    def __init__(self, planner: Planner, proposers: tuple[str, ...], k: int, frozen: bool):
+    def __init__(self, planner: Planner, proposers: tuple[Proposer, ...], k: int, frozen: bool):
         super().__init__(planner, proposers, frozen)
         self.k = k
 
-    def choose(self, limit: int, available: dict[str, int] | None = None) -> Choice:
+    def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
         k = min(self.k, limit)
         if k and self._cap(k) == 0:
-            return Choice(0, "load_cap")
+            return Choice(0, Off.LOAD_CAP)
         k = self._cap(k)
         if k == 0:
             return Choice(0)
         for p in self.proposers:
-            if p == DRAFT:
+            if p == Proposer.DRAFT:
                 return self._draft(k)
             offer = (available or {}).get(p, k)
             if offer > 0:
-                return Choice(min(k, offer), "", p)
-        return Choice(0, "no_match", self.proposers[-1])
+                return Choice(min(k, offer), None, p)
+        return Choice(0, Off.NO_MATCH, self.proposers[-1])
 
     def lookahead(self, limit: int) -> int:
-        return self._cap(min(self.k, limit)) if EAGLE in self.proposers else 0
+        return self._cap(min(self.k, limit)) if Proposer.EAGLE in self.proposers else 0
 
 
 class Adaptive(Policy):
-    def __init__(self, planner: Planner, proposers: tuple[str, ...], cap: int, frozen: bool):
+    def __init__(self, planner: Planner, proposers: tuple[Proposer, ...], cap: int, frozen: bool):
         super().__init__(planner, proposers, frozen)
         self.cap = cap
         self.own = {p: Acceptance(planner.max_k, decay=0.97) for p in proposers}
@@ -238,10 +239,10 @@ class Adaptive(Policy):
         self.probe_every = {p: every if frozen else int(min(
             planner.probe_max, max(every, every / max(self.acceptance(p)[0], 1e-3))))
             for p in proposers}
-        self.probe: str | None = None   # the proposer this round's k = 1 probes
+        self.probe: Proposer | None = None   # the proposer this round's k = 1 probes
         self.drafted_rounds = 0
 
-    def acceptance(self, proposer: str) -> list[float]:
+    def acceptance(self, proposer: Proposer) -> list[float]:
         """The sequence's own counts over a prior: the server's live estimate (a sequence
         starts from what the server has seen), or when frozen a constant.
 
@@ -256,24 +257,24 @@ class Adaptive(Policy):
     def costs(self) -> Costs:
         return self.planner.frozen_costs if self.frozen else self.planner.costs_now()
 
-    def choose(self, limit: int, available: dict[str, int] | None = None) -> Choice:
+    def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
         cap = min(self.cap, limit)
         if cap and self._cap(cap) == 0:
-            return Choice(0, "load_cap")
+            return Choice(0, Off.LOAD_CAP)
         cap = self._cap(cap)
         if cap == 0:
             return Choice(0)
         cap = self._batch_cap(cap)
         costs = self.costs()
         best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
-        offers: dict[str, tuple[int, int]] = {}   # proposer -> (most it offers, its own best k)
-        why = "no_match"
+        offers: dict[Proposer, tuple[int, int]] = {}   # (the most it offers, its own best k)
+        why = Off.NO_MATCH
         for p in self.proposers:
             kmax = min(cap, (available or {}).get(p, cap))
             if kmax == 0:
                 continue
-            if p == DRAFT and self.planner.draft_blocked(self):
-                why = "draft_down"
+            if p == Proposer.DRAFT and self.planner.draft_blocked(self):
+                why = Off.DRAFT_DOWN
                 continue
             k, rate = _best(self.acceptance(p)[:kmax], costs, p)
             offers[p] = (kmax, k)
@@ -296,14 +297,14 @@ class Adaptive(Policy):
             if self.off_rounds[q] >= self.probe_every[q] and not own \
                     and _best([1.0] * kmax, costs, q)[0]:
                 self.off_rounds[q], self.probe = 0, q
-                k, p = (1 if q == DRAFT else kmax), q
+                k, p = (1 if q == Proposer.DRAFT else kmax), q
                 break
         if k == 0:
-            return Choice(0, "acceptance" if offers else why)
+            return Choice(0, Off.ACCEPTANCE if offers else why)
         self.drafted_rounds += 1
         if self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
             k = min(k + 1, offers[p][0])
-        return self._draft(k) if p == DRAFT else Choice(k, "", p)
+        return self._draft(k) if p == Proposer.DRAFT else Choice(k, None, p)
 
     def _batch_cap(self, cap: int) -> int:
         """A batch costs what its widest row drafts and every row waits for it: a row that
@@ -316,17 +317,17 @@ class Adaptive(Policy):
 
     def lookahead(self, limit: int) -> int:
         cap = self._batch_cap(self._cap(min(self.cap, limit)))
-        if EAGLE not in self.proposers or cap == 0:
+        if Proposer.EAGLE not in self.proposers or cap == 0:
             return 0
         # What the next round will take: the estimates' best, one more when that round
         # stretches (its choice reaches one past the best); at least one, or a head that is off
         # could never be probed. Every step drafted runs over the whole batch, so a step drafted
         # every round for the one round in STRETCH_EVERY that uses it costs every row a step.
-        k = _best(self.acceptance(EAGLE)[:cap], self.costs(), EAGLE)[0]
+        k = _best(self.acceptance(Proposer.EAGLE)[:cap], self.costs(), Proposer.EAGLE)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
         return min(cap, max(1, k + stretches))
 
-    def observe(self, r) -> None:
+    def observe(self, r: Round) -> None:
         super().observe(r)
         if r.failure or not r.k:
             return
@@ -337,7 +338,7 @@ class Adaptive(Policy):
                                             else min(every * 2, self.planner.probe_max))
 
 
-def _best(acceptance: list[float], costs: Costs, proposer: str) -> tuple[int, float]:
+def _best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[int, float]:
     """(k, rate): the argmax over k = 0..len(acceptance) of E(k) / T(k); ties go to smaller k."""
     best, best_rate = 0, -math.inf
     for k, tokens in enumerate(expected_tokens(acceptance)):
@@ -347,5 +348,5 @@ def _best(acceptance: list[float], costs: Costs, proposer: str) -> tuple[int, fl
     return best, best_rate
 
 
-def best_k(acceptance: list[float], costs: Costs, proposer: str = DRAFT) -> int:
+def best_k(acceptance: list[float], costs: Costs, proposer: Proposer = Proposer.DRAFT) -> int:
     return _best(acceptance, costs, proposer)[0]

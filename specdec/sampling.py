@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .records import SamplingParams
+
 _MASK32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**27, so a 32-bit value times it stays inside int64
 
@@ -22,18 +24,6 @@ _MUL = 0x45D9F3B  # < 2**27, so a 32-bit value times it stays inside int64
 DRAFT = 1      # the draft's proposal
 ACCEPT = 2     # the target's accept test for a proposal
 RESAMPLE = 3   # the target's correction or bonus token
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0       # 0: off
-    top_p: float = 1.0   # 1: off
-    seed: int = 0        # uint64
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass

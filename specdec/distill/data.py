@@ -19,8 +19,9 @@ import torch
 
 from ..engine import Engine
 from ..local import LocalVerifier
-from ..loop import Request, speculate
+from ..loop import speculate
 from ..prompts import PromptsError, encode, load_prompts
+from ..records import Request
 from ..sampling import SamplingParams
 from .checks import DistillError
 

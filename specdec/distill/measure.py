@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine import Engine, ProposeCall, VerifyCall, default_dtype
+from ..engine import Engine, default_dtype
+from ..records import ProposeCall, VerifyCall
 from ..sampling import SamplingParams
 from .data import generate
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from specdec_client import GenerationParams, Result
 
+from ..records import Finish
 from ..serving.settings import OrchestratorSettings
 
 # Fields of OpenAI's request bodies that change nothing here (identification, storage, routing).
@@ -29,7 +30,8 @@ COMPLETION_FIELDS = ("model", "prompt", "echo", "suffix", "best_of", "logprobs")
     IGNORED
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # The ensemble's finish reasons in OpenAI's words.
-FINISH = {"length": "length", "eos": "stop", "stop": "stop", "cancelled": "stop"}
+FINISH = {Finish.LENGTH: "length", Finish.EOS: "stop", Finish.STOP: "stop",
+          Finish.CANCELLED: "stop"}
 
 
 class ApiError(Exception):

@@ -4,11 +4,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import torch
 
 from .. import names
 from ..config import CheckpointError
-from ..kv_cache import SlotError
+from ..records import SlotError
 from .requests import InvalidInput
 
 log = logging.getLogger("specdec")
@@ -30,16 +29,6 @@ def read_inputs(pb, request, input_names) -> dict[str, np.ndarray]:
         if t is not None:
             out[name] = t.as_numpy()
     return out
-
-
-def read_torch(pb, request, name: str) -> torch.Tensor | None:
-    """An input as a torch tensor on whatever device it arrived on (DLPack, no copy)."""
-    t = pb.get_input_tensor_by_name(request, name)
-    return None if t is None else torch.from_dlpack(t.to_dlpack())
-
-
-def torch_output(pb, name: str, t: torch.Tensor):
-    return pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(t.contiguous()))
 
 
 def triton_error(pb, exc: BaseException):

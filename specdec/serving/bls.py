@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import names
-from ..engine import Proposal, ProposeCall, Verdict, VerifyCall
+from ..records import Proposal, ProposeCall, Verdict, VerifyCall
 from . import calls
 from .adapter import ModelCallError
 from .recovery import is_down

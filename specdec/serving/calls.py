@@ -25,8 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import names
-from ..engine import ProposeCall, Verdict, VerifyCall
-from ..sampling import SamplingParams
+from ..records import Failure, ProposeCall, SamplingParams, Verdict, VerifyCall
 
 _SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _FROM_HEAD = range(8)
 _FIELDS = 8
@@ -114,4 +113,4 @@ def verdict(output: np.ndarray) -> Verdict:
     m, micros, failed, batch_k, head_steps = values[:5]
     end = 5 + m + 1
     return Verdict(values[5:end], m, values[end:] or None, micros / 1e6,
-                   "error" if failed else None, batch_k, head_steps)
+                   Failure.ERROR if failed else None, batch_k, head_steps)

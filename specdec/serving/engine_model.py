@@ -11,10 +11,12 @@ import torch
 from .. import names, simulate
 from ..config import ModelArgs
 from ..eagle.checkpoint import check_verifier
-from ..engine import Engine, Proposal, Verdict
+from ..engine import Engine
+from ..records import Proposal, Verdict
 from . import calls, faults
-from .adapter import error_response, parameters, read_inputs, read_torch, torch_output
+from .adapter import error_response, parameters, read_inputs
 from .checks import check_one_instance, say
+from .dlpack import read_torch, torch_output
 from .settings import EngineSettings
 from .tokenizer import check_draft_tokenizer
 

@@ -14,16 +14,11 @@ from __future__ import annotations
 import json
 import time
 
-from ..estimates import DRAFT, PROPOSERS
-from ..loop import Round, Stats
+from ..records import DRAFTING, Failure, Finish, Off, Proposer, Round, Stats
 from . import probe
 
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 _RATE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
-# invalid: refused bad input; unavailable: no slot within queue_timeout_s, or a model restarting.
-FINISH_REASONS = ("length", "eos", "stop", "cancelled", "invalid", "unavailable", "error")
-OFF_REASONS = ("acceptance", "draft_down", "load_cap", "no_match")   # policy.Choice.reason
-FAILURE_REASONS = ("error", "timeout", "unavailable")       # loop.Round.failure
 COST_PARTS = ("draft_call", "draft_token", "verify_call", "verify_token", "other")
 FLUSH_EVERY_S = 1.0
 
@@ -52,7 +47,7 @@ class Metrics:
                              kinds.GAUGE).Metric(labels=labels)
         def by_proposer(name, description):
             f = family(name, description, kinds.COUNTER)
-            return {p: f.Metric(labels={**labels, "proposer": p}) for p in PROPOSERS}
+            return {p: f.Metric(labels={**labels, "proposer": p}) for p in DRAFTING}
 
         self.draft_tokens = by_proposer("specdec_draft_tokens_total",
                                         "Tokens proposed (draft model or prompt lookup)")
@@ -69,15 +64,15 @@ class Metrics:
                            "BLS calls per round since start, by the round's proposer",
                            kinds.GAUGE)
         self.calls = {p: calls.Metric(labels={**labels, "proposer": p})
-                      for p in PROPOSERS + ("none",)}
+                      for p in DRAFTING + ("none",)}
         self.calls_per_round = {p: per_round.Metric(labels={**labels, "proposer": p})
-                                for p in PROPOSERS + ("none",)}
-        self._calls_seen = {p: [0, 0] for p in PROPOSERS + ("none",)}   # calls, rounds
+                                for p in DRAFTING + ("none",)}
+        self._calls_seen = {p: [0, 0] for p in DRAFTING + ("none",)}   # calls, rounds
         self.output_tokens = counter("specdec_output_tokens_total", "Tokens returned to clients")
         requests = family("specdec_requests_total", "Finished requests by finish reason",
                           kinds.COUNTER)
         self.requests = {r: requests.Metric(labels={**labels, "finish_reason": r})
-                         for r in FINISH_REASONS}
+                         for r in Finish}
         positions = family("specdec_accepted_at_position_total",
                            "Rounds whose draft token at this position (1..K) was accepted",
                            kinds.COUNTER)
@@ -85,10 +80,10 @@ class Metrics:
                           "Rounds that drafted a token at this position (1..K)", kinds.COUNTER)
         self.accepted_at = {p: [positions.Metric(labels={**labels, "proposer": p,
                                                          "position": str(j + 1)})
-                                for j in range(max_draft_tokens)] for p in PROPOSERS}
+                                for j in range(max_draft_tokens)] for p in DRAFTING}
         self.drafted_at = {p: [proposed.Metric(labels={**labels, "proposer": p,
                                                        "position": str(j + 1)})
-                               for j in range(max_draft_tokens)] for p in PROPOSERS}
+                               for j in range(max_draft_tokens)] for p in DRAFTING}
         self.acceptance_rate = histogram("specdec_request_acceptance_rate",
                                          "Per-request accepted / drafted tokens", _RATE_BUCKETS)
         self.accepted_per_round = histogram(
@@ -114,17 +109,17 @@ class Metrics:
         off = family("specdec_speculation_off_rounds_total",
                      "Rounds drafting nothing although the request allowed it, by reason",
                      kinds.COUNTER)
-        self.off_rounds = {r: off.Metric(labels={**labels, "reason": r}) for r in OFF_REASONS}
+        self.off_rounds = {r: off.Metric(labels={**labels, "reason": r}) for r in Off}
         failures = family("specdec_draft_failures_total",
                           "Draft calls that failed; the round went on target-only", kinds.COUNTER)
         self.draft_failures = {r: failures.Metric(labels={**labels, "reason": r})
-                               for r in FAILURE_REASONS}
+                               for r in Failure}
         accept = family("specdec_acceptance_estimate",
                         "Server-wide acceptance at a draft position, given the earlier accepted",
                         kinds.GAUGE)
         self.acceptance_estimate = {p: [accept.Metric(labels={**labels, "proposer": p,
                                                               "position": str(j + 1)})
-                                        for j in range(max_draft_tokens)] for p in PROPOSERS}
+                                        for j in range(max_draft_tokens)] for p in DRAFTING}
         cost = family("specdec_round_cost_seconds",
                       "Fitted cost of a round's parts at the current load", kinds.GAUGE)
         self.cost_estimate = {p: cost.Metric(labels={**labels, "part": p}) for p in COST_PARTS}
@@ -156,7 +151,7 @@ class Metrics:
         self._count(self.rounds, 1)
         drafted = r.k > 0 or r.failure is not None
         label = r.proposer if drafted else "none"
-        calls = 1 + (drafted and r.proposer == DRAFT)
+        calls = 1 + (drafted and r.proposer == Proposer.DRAFT)
         self._count(self.calls[label], calls)
         seen = self._calls_seen[label]
         seen[0], seen[1] = seen[0] + calls, seen[1] + 1
@@ -177,7 +172,7 @@ class Metrics:
             for j in range(r.accepted):
                 self._count(self.accepted_at[p][j], 1)
             self.accepted_per_round.observe(r.accepted)
-            if p == DRAFT:
+            if p == Proposer.DRAFT:
                 self.draft_latency.observe(r.draft_s)
         self.verify_latency.observe(r.verify_s)
         self.round_latency.observe(r.draft_s + r.verify_s)
@@ -191,11 +186,11 @@ class Metrics:
         elif n:
             self.itl.observe(since_last_s / n)
 
-    def finished(self, reason: str, stats: Stats | None, is_probe: bool = False) -> None:
+    def finished(self, reason: Finish, stats: Stats | None, is_probe: bool = False) -> None:
         """A request's end. A health probe's (`is_probe(request)`) is no user's request: it is
         left out of specdec_requests_total, where it once made every probe an "invalid"."""
         if not is_probe:
-            self._count(self.requests[reason if reason in self.requests else "error"], 1)
+            self._count(self.requests[reason if reason in self.requests else Finish.ERROR], 1)
         if stats is not None and stats.total_draft_tokens:
             self.acceptance_rate.observe(stats.acceptance_rate)
         self.flush()

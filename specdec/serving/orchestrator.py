@@ -18,9 +18,10 @@ import time
 import numpy as np
 
 from .. import names
-from ..loop import Chunk, open_policy, speculate
+from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
 from ..policy import Planner
+from ..records import Chunk
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .metrics import Metrics, is_probe

@@ -11,12 +11,8 @@ import os
 import numpy as np
 
 from .. import names
-from ..loop import Request
-from ..sampling import SamplingParams
-from .settings import PROPOSERS, OrchestratorSettings, RequestLimits
-
-
-AUTO = -1   # num_draft_tokens: k chosen per round by the policy, up to max_draft_tokens
+from ..records import AUTO, Proposer, Request, SamplingParams
+from .settings import OrchestratorSettings, RequestLimits
 
 
 class InvalidInput(ValueError):
@@ -152,7 +148,7 @@ def _refuse_unimplemented(inputs: dict) -> None:
         raise InvalidInput(f"{names.BAD_WORDS}: not supported (empty only)")
 
 
-def parse_proposer(inputs: dict, settings: OrchestratorSettings) -> str:
+def parse_proposer(inputs: dict, settings: OrchestratorSettings) -> Proposer:
     arr = inputs.get(names.PROPOSER)
     if arr is None:
         return settings.proposer
@@ -160,13 +156,13 @@ def parse_proposer(inputs: dict, settings: OrchestratorSettings) -> str:
     if arr.size != 1:
         raise InvalidInput(f"{names.PROPOSER}: expected one value, got {arr.size}")
     value = decode_text(arr[0], names.PROPOSER)
-    if value not in PROPOSERS:
-        raise InvalidInput(f"{names.PROPOSER}: {value[:40]!r} is not one of {', '.join(PROPOSERS)}")
+    if value not in tuple(Proposer):
+        raise InvalidInput(f"{names.PROPOSER}: {value[:40]!r} is not one of {', '.join(Proposer)}")
     lacks = settings.missing(value)
     if lacks:
         raise InvalidInput(f"{names.PROPOSER}: {value!r} needs {lacks}; this server drafts "
                            f"with {', '.join(settings.proposers)}")
-    return value
+    return Proposer(value)
 
 
 def _stop_sequences(inputs: dict) -> tuple[tuple[int, ...], ...]:

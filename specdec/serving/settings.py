@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..records import Proposer
 from . import faults
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ _DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 NO_DRAFT = "none"   # $SPECDEC_DRAFT_MODEL=none: no draft model, prompt lookup only
-PROPOSERS = ("draft", "ngram", "eagle", "hybrid")
 
 
 class SettingsError(ValueError):
@@ -276,28 +276,30 @@ class OrchestratorSettings:
         return self.eagle_head_path not in ("", NO_DRAFT)
 
     @property
-    def proposers(self) -> tuple[str, ...]:
-        """What this server drafts with (estimates.PROPOSERS' names)."""
-        return (("draft",) if self.has_draft else ()) + ("ngram",) + \
-            (("eagle",) if self.has_head else ())
+    def proposers(self) -> tuple[Proposer, ...]:
+        """What this server drafts with."""
+        return ((Proposer.DRAFT,) if self.has_draft else ()) + (Proposer.NGRAM,) + \
+            ((Proposer.EAGLE,) if self.has_head else ())
 
     def missing(self, proposer: str) -> str | None:
         """What a request's (or the default) proposer needs that this server lacks, or None."""
-        if proposer == "draft" and not self.has_draft:
+        if proposer == Proposer.DRAFT and not self.has_draft:
             return f"a draft model, and $SPECDEC_DRAFT_MODEL is {NO_DRAFT!r}"
-        if proposer == "eagle" and not self.has_head:
+        if proposer == Proposer.EAGLE and not self.has_head:
             return "an EAGLE-3 head, and $SPECDEC_EAGLE_HEAD is not set"
-        if proposer == "hybrid" and not (self.has_draft or self.has_head):
+        if proposer == Proposer.HYBRID and not (self.has_draft or self.has_head):
             return "a draft model or an EAGLE-3 head, and this server has neither"
         return None
 
     @property
-    def proposer(self) -> str:
+    def proposer(self) -> Proposer:
         """What a request that names none drafts with. With a head, the head alone: it measured
         above hybrid (lookup, head and draft model chosen per round) on held-out, out-of-domain
         and repeating prompts at 1 and 16 streams (docs/benchmarks.md, 2026-11-24)."""
-        return self.default_proposer or (
-            "eagle" if self.has_head else "hybrid" if self.has_draft else "ngram")
+        if self.default_proposer:
+            return Proposer(self.default_proposer)
+        return Proposer.EAGLE if self.has_head else \
+            Proposer.HYBRID if self.has_draft else Proposer.NGRAM
 
     def start_line(self) -> str:
         """One line for the log at start: what this server drafts with, and why."""
@@ -307,7 +309,7 @@ class OrchestratorSettings:
             parts.append(f"EAGLE-3 head {self.eagle_head_path}")
         return (f"proposers {', '.join(self.proposers)} ({'; '.join(parts)}; draft: "
                 f"{self.draft_reason or 'given'}); requests that name none use "
-                f"{self.proposer!r}")
+                f"'{self.proposer}'")
 
     @property
     def load_cap(self) -> tuple[int, int] | None:
@@ -332,9 +334,9 @@ class OrchestratorSettings:
             raise SettingsError("need 1 <= spec_full_below < spec_off_at (or both 0: no cap)")
         if s.draft_timeout_s <= 0:
             raise SettingsError("draft_timeout_s must be > 0")
-        if s.default_proposer not in ("", *PROPOSERS):
+        if s.default_proposer not in ("", *Proposer):
             raise SettingsError(f"default_proposer {s.default_proposer!r}: expected one of "
-                                f"{', '.join(PROPOSERS)}")
+                                f"{', '.join(Proposer)}")
         lacks = s.default_proposer and s.missing(s.default_proposer)
         if lacks:
             raise SettingsError(f"default_proposer {s.default_proposer!r} needs {lacks}")

@@ -60,7 +60,8 @@ def run(args) -> int:
 
     from ..serving.settings import EngineSettings
     from .measure import load_engines, measure
-    from .remote import AUTO, measure_server
+    from ..records import AUTO, Proposer
+    from .remote import measure_server
     from .report import analyse, markdown
     settings = EngineSettings(device=args.device, dtype=args.dtype)
     try:
@@ -77,7 +78,7 @@ def run(args) -> int:
                                      args.eagle_head)
     except CheckpointError as e:     # a head that does not fit the target, named
         return _fail(str(e))
-    proposer = "eagle" if args.eagle_head else "draft"
+    proposer = Proposer.EAGLE if args.eagle_head else Proposer.DRAFT
     server_ks = ([0] + ks + [AUTO]) if args.url else []
     bar = _progress(len(prompts) * (len(ks) + 1 + len(server_ks)), args.quiet)
     local = []

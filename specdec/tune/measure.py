@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from ..engine import Engine
-from ..estimates import DRAFT, EAGLE
 from ..local import LocalDrafter, LocalVerifier
-from ..loop import Request, Round, speculate
+from ..loop import speculate
+from ..records import Proposer, Request, Round
 
 
 @dataclass
@@ -85,7 +85,7 @@ def generate(target: Engine, draft: Engine | None, prompt: list[int], k: int, ma
     EAGLE-3 head when there is no draft; adds its figures to m."""
     out: list[int] = []
     t0 = time.perf_counter()
-    proposer = DRAFT if draft is not None else EAGLE
+    proposer = Proposer.DRAFT if draft is not None else Proposer.EAGLE
     asyncio.run(speculate(next(_ids), Request(prompt, max_tokens, k, eos=eos, proposer=proposer),
                           LocalDrafter(draft) if draft is not None else None,
                           LocalVerifier(target), target.max_len,

@@ -2,13 +2,12 @@
 K does once the models sit behind Triton's calls, the figure a deployment should be tuned on."""
 from __future__ import annotations
 
+from ..records import Proposer
 from .measure import Measurement
-
-AUTO = -1   # the server chooses k per round
 
 
 def measure_server(url: str, prompts: list[str], k: int, max_tokens: int,
-                   step=lambda: None, proposer: str = "draft") -> Measurement:
+                   step=lambda: None, proposer: Proposer = Proposer.DRAFT) -> Measurement:
     try:
         from specdec_client import GenerationParams, grpc_stream
     except ImportError as e:

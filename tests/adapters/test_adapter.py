@@ -6,12 +6,12 @@ import torch
 
 from specdec import names
 from specdec.config import CheckpointError
-from specdec.engine import ProposeCall, Verdict, VerifyCall
-from specdec.kv_cache import SlotError
+from specdec.records import ProposeCall, SlotError, Verdict, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.serving.adapter import (ModelCallError, error_response, parameters, read_inputs,
-                                     read_torch, torch_output, triton_error)
+                                     triton_error)
+from specdec.serving.dlpack import read_torch, torch_output
 from specdec.serving.orchestrator import Unavailable
 from specdec.serving.requests import InvalidInput
 from tests.adapters import fake_pb

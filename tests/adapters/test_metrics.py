@@ -1,5 +1,5 @@
 """specdec.serving.metrics: counters are summed and sent in batches, histograms at once."""
-from specdec.loop import Round, Stats
+from specdec.records import Round, Stats
 from specdec.serving import metrics as metrics_module
 from specdec.serving.metrics import Metrics
 from tests.adapters import fake_pb

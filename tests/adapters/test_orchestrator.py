@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from specdec import names
-from specdec.engine import Engine, ProposeCall, VerifyCall
+from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import Request, speculate
+from specdec.loop import speculate
 from specdec.ngram import NgramProposer
+from specdec.records import ProposeCall, Request, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.weights import load_model

@@ -5,8 +5,9 @@ import torch
 
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import Chunk, Request, open_policy, speculate
+from specdec.loop import open_policy, speculate
 from specdec.policy import Planner
+from specdec.records import Chunk, Request
 from specdec.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint, make_draft
 

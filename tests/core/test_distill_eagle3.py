@@ -14,8 +14,9 @@ from specdec.eagle.checkpoint import load_head, save_speculators
 from specdec.engine import Engine
 from specdec.kv_cache import KVCache
 from specdec.local import LocalVerifier
-from specdec.loop import Request, speculate
+from specdec.loop import speculate
 from specdec.model import Batch
+from specdec.records import Request
 from specdec.weights import load_model
 from tests.core.distill_helpers import distill, interrupt, report, tiny_target
 from tests.core.eagle_helpers import trained_head_dir

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from specdec.distill import data, measure
-from specdec.loop import Request
+from specdec.records import Request
 from tests.core.conftest import engines, generate
 from tests.core.distill_helpers import DEFAULT_TARGET
 

@@ -5,8 +5,9 @@ import time
 import pytest
 
 from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import Request, speculate
+from specdec.loop import speculate
 from specdec.policy import Planner
+from specdec.records import Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_exact import MAX_TOKENS, prompts

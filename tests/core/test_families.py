@@ -15,8 +15,8 @@ import transformers
 from specdec.config import CheckpointError, ModelArgs
 from specdec.eagle.checkpoint import load_head
 from specdec.engine import Engine
-from specdec.loop import Request
 from specdec.model import Batch
+from specdec.records import Request
 from specdec.weights import load_model
 from tests.core.conftest import engines, generate
 from tests.core.eagle_helpers import trained_head_dir

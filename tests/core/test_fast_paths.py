@@ -11,8 +11,8 @@ import transformers
 from specdec import attention
 from specdec.engine import Engine
 from specdec.graphs import GraphedForward
-from specdec.loop import Request
 from specdec.model import Batch
+from specdec.records import Request
 from specdec.sampling import SamplingParams
 from specdec.weights import load_model
 from tests.core.conftest import engines, generate

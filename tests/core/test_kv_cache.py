@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from specdec.engine import VerifyCall
-from specdec.kv_cache import KVCache, SlotError, SlotPool
+from specdec.kv_cache import KVCache, SlotPool
 from specdec.model import Batch
+from specdec.records import SlotError, VerifyCall
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines
 
@@ -55,7 +55,8 @@ def test_bad_call_fails_alone(pair_dir):
 
 def test_draft_with_a_smaller_vocabulary_accepts_target_ids(pair_dir):
     """Qwen2.5-0.5B drafting for 7B: the target has more rows; their ids reach the draft."""
-    from specdec.engine import Engine, ProposeCall
+    from specdec.engine import Engine
+    from specdec.records import ProposeCall
     from specdec.weights import load_model
     cpu = torch.device("cpu")
     draft = Engine(load_model(pair_dir[1], torch.float64, cpu), 2, 64, cpu, vocab_size=120)
@@ -67,7 +68,7 @@ def test_draft_with_a_smaller_vocabulary_accepts_target_ids(pair_dir):
 
 
 def test_a_proposal_of_zero_tokens_fails_alone(pair_dir):
-    from specdec.engine import ProposeCall
+    from specdec.records import ProposeCall
     _, draft = engines(pair_dir)
     bad, good = draft.propose([ProposeCall(1, 0, [4, 5], 0, SamplingParams()),
                                ProposeCall(2, 0, [4, 5], 3, SamplingParams())])

@@ -6,9 +6,8 @@ import pytest
 import torch
 import transformers
 
-from specdec.engine import ProposeCall
-from specdec.loop import Request
 from specdec.ngram import NgramProposer
+from specdec.records import ProposeCall, Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 

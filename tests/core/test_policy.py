@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from specdec.loop import Round
 from specdec.estimates import Costs, LinearFit, PriorCosts, expected_tokens
 from specdec.policy import Choice, Planner, best_k
+from specdec.records import Round
 
 DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005
 
@@ -220,8 +220,8 @@ def test_frozen_choices_depend_only_on_the_sequences_own_rounds():
 def test_fixed_k_with_hybrid_takes_a_lookup_match_else_the_draft():
     planner = Planner(8)
     hybrid = planner.open(4, auto=False, proposers=("ngram", "draft"))
-    assert hybrid.choose(4, {"ngram": 3}) == Choice(3, "", "ngram")
-    assert hybrid.choose(4, {"ngram": 0}) == Choice(4, "", "draft")
+    assert hybrid.choose(4, {"ngram": 3}) == Choice(3, None, "ngram")
+    assert hybrid.choose(4, {"ngram": 0}) == Choice(4, None, "draft")
     lookup_only = planner.open(4, auto=False, proposers=("ngram",))
     assert lookup_only.choose(4, {"ngram": 0}) == Choice(0, "no_match", "ngram")
 

@@ -16,11 +16,10 @@ import torch
 import transformers
 from scipy.stats import chisquare
 
-from specdec.engine import ProposeCall
 from specdec.local import LocalDrafter
-from specdec.loop import Request
 from specdec.ngram import NgramProposer
 from specdec.policy import Planner, PriorCosts
+from specdec.records import ProposeCall, Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 

@@ -10,13 +10,13 @@ import torch
 from specdec.eagle.checkpoint import load_head
 from specdec.eagle.config import HeadArgs
 from specdec.eagle.head import EagleHead
-from specdec.engine import Engine, VerifyCall
+from specdec.engine import Engine
 from specdec.graphs import GraphedForward
-from specdec.loop import Request
 from specdec.ngram import NgramProposer
+from specdec.policy import Planner
+from specdec.records import Request, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.weights import load_model
-from specdec.policy import Planner
 from tests.core.conftest import generate
 from tests.core.eagle_helpers import trained_head_dir
 from tests.core.test_fast_paths import reference_flash_with_kvcache

@@ -3,7 +3,7 @@ import pytest
 import torch
 import transformers
 
-from specdec.loop import Request
+from specdec.records import Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 
@@ -126,8 +126,8 @@ class Scripted:
 
 def test_k_changing_between_rounds_stays_exact(pair_dir, hf_greedy):
     """The draft catches up on whatever it skipped while the policy had speculation off."""
-    from specdec.loop import speculate
     from specdec.local import LocalDrafter, LocalVerifier
+    from specdec.loop import speculate
     import asyncio
     target, draft = engines(pair_dir)
     schedule = [4, 0, 0, 3, 8, 0, 1] * 10

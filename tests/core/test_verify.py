@@ -45,7 +45,7 @@ def test_no_q_equals_one_hot_q_when_greedy():
 def test_engine_mixed_batch_matches_calls_without_q_alone(pair_dir):
     """A call without draft_probs gets the same verdict alone (q = None) as beside a call that
     has them (its rows then one-hot in a materialized q)."""
-    from specdec.engine import VerifyCall
+    from specdec.records import VerifyCall
     from tests.core.conftest import engines
     target, _ = engines(pair_dir)
     prompt, drafts = [5, 9, 2, 41, 7], []
