@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from specdec.engine import Engine  # noqa: E402
 from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
-from specdec.loop import Request, open_policy, speculate  # noqa: E402
+from specdec.loop import open_policy, speculate  # noqa: E402
+from specdec.records import Request  # noqa: E402
 from specdec.ngram import NgramProposer  # noqa: E402
 from specdec.policy import Planner  # noqa: E402
 

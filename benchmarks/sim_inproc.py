@@ -49,7 +49,7 @@ class Local:
         self.seq = itertools.count(1)
 
     def request(self, ids: list[int], text: str, setting: Setting, mode: Mode, max_tokens: int):
-        from specdec.loop import Request
+        from specdec.records import Request
         from specdec.sampling import SamplingParams
         sampled = mode.temperature > 0
         sampling = SamplingParams(temperature=mode.temperature,

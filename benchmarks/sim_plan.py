@@ -9,7 +9,7 @@ from inputs import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, ROOT
 
 DEFAULT_HEAD = ROOT / "models" / "default" / "eagle"
 DEFAULT_TABLE = ROOT / "benchmarks" / "sim" / "h100-8b-1b-eagle.json"
-AUTO = -1
+from specdec.records import AUTO
 MAX_DRAFT_TOKENS = 8        # the server's default max_draft_tokens: auto's cap
 TEMPERATURE = 0.7           # the sampled mode's
 

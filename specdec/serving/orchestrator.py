@@ -21,7 +21,7 @@ from .. import names
 from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
 from ..policy import Planner
-from ..records import Chunk
+from ..records import Chunk, Finish
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .metrics import Metrics, is_probe
@@ -65,7 +65,7 @@ class Orchestrator:
             sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         final_sent = False
-        finish = "error"
+        finish = Finish.ERROR
         stats = None
         last_time = time.perf_counter()
         first = True
@@ -117,8 +117,8 @@ class Orchestrator:
                 self.slots.release()
         except Exception as exc:  # every failure becomes this request's error, never the model's
             # Bad input and a full or restarting server are the client's to fix or retry.
-            finish = ("invalid" if isinstance(exc, InvalidInput) else
-                      "unavailable" if getattr(exc, "unavailable", False) else "error")
+            finish = (Finish.INVALID if isinstance(exc, InvalidInput) else
+                      Finish.UNAVAILABLE if getattr(exc, "unavailable", False) else Finish.ERROR)
             if not final_sent:
                 sender.send(pb.InferenceResponse(output_tensors=[], error=triton_error(pb, exc)),
                             flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from specdec import invariant
 from specdec.engine import Engine
-from specdec.loop import Request
+from specdec.records import Request
 from specdec.ngram import NgramProposer
 from specdec.policy import Planner
 from specdec.sampling import SamplingParams

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec import simulate
-from specdec.loop import Request
+from specdec.records import Request
 from tests.core.conftest import engines, generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_padded_calls_take_their_table_time_and_change_no_token(pair_dir):
 
 
 def test_one_call_lasts_at_least_its_time(pair_dir):
-    from specdec.engine import ProposeCall
+    from specdec.records import ProposeCall
     from specdec.sampling import SamplingParams
     t = simulate.parse_table(table_data(step_ms=40.0))
     _, draft = engines(pair_dir, torch.float32, 4, 64)

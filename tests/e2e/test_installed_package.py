@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from specdec.config import ModelArgs
 from specdec.engine import Engine
-from specdec.loop import Request
+from specdec.records import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process
 from tests.deploy.helpers import copy_destination
