@@ -14,13 +14,14 @@ from dataclasses import replace
 import torch
 
 from . import attention
-from .config import CheckpointError
+from .config import CheckpointError, ModelArgs
 from .eagle.checkpoint import load_head
 from .eagle.drafting import HeadDrafter
 from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .kv_cache import KVCache, SlotPool
 from .model import Batch, Transformer
+from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, SlotError, Verdict, VerifyCall
 from .sampling import DRAFT, BatchSampling, probabilities, sample
 from .verify import verify as verify_drafts
@@ -75,6 +76,7 @@ class Engine:
         """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
         loudly if the pool cannot fit. tp: this rank's parallel.Shard (its slices of the
         weights, its KV heads: the memory check is per rank)."""
+        _check_fits(path, max_sequences, max_len, dtype, device, tp)
         if tp is None:
             model = load_model(path, dtype, device)
         else:
@@ -282,6 +284,37 @@ class Engine:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA; float32 on the CPU, whose bf16 kernels are slow at small batch."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def weight_bytes(args: ModelArgs, dtype: torch.dtype, tp: Shard | None = None) -> int:
+    """The bytes of a model's weights in `dtype` (a rank's: args its local_args, tp its Shard),
+    counted on the meta device: no memory."""
+    with torch.device("meta"):
+        model = Transformer(args, tp)
+    model.tie_weights()
+    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+
+
+def _check_fits(path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
+                device: torch.device, tp: Shard | None) -> None:
+    """Refuse, before any weight loads, weights and a KV pool that the device cannot hold (a
+    rank's own: its slices of the weights and its KV heads). A model that outgrew its GPU would
+    otherwise fail inside the load with CUDA's out-of-memory error."""
+    a = ModelArgs.from_dir(path)
+    if tp is not None:
+        a = local_args(a, layout(a, tp.rank, tp.world, f"{path}/config.json"))
+    weights = weight_bytes(a, dtype, tp)
+    kv = KVCache.bytes_needed(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
+                              dtype)
+    free = _free_memory(device)
+    if weights + kv > free:
+        rank = "" if tp is None else f" (rank {tp.rank} of {tp.world})"
+        raise CheckpointError(
+            f"{path}: weights of {weights / 2**30:.2f} GiB and a KV slot pool of {max_sequences} "
+            f"sequences x {max_len} tokens of {kv / 2**30:.2f} GiB{rank} need "
+            f"{(weights + kv) / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
+            f"lower max_sequences or max_seq_len, or shard the target over more GPUs "
+            f"(SPECDEC_TENSOR_PARALLEL)")
 
 
 def _free_memory(device: torch.device) -> int:

@@ -17,7 +17,7 @@ from . import calls, faults
 from .adapter import error_response, parameters, read_inputs
 from .checks import check_one_instance, say
 from .dlpack import read_torch, torch_output
-from .settings import EngineSettings
+from .settings import EngineSettings, check_device
 from .tokenizer import check_draft_tokenizer
 
 _COMMON = (names.CALL, names.SAMPLING, names.TOKENS)
@@ -43,6 +43,8 @@ class _EngineModel:
         self.check_pair(s, vocab)
         devices = s.rank_devices() if self.role == "target" else [s.torch_device()]
         device = devices[0]
+        if len(devices) == 1:   # above degree 1, parallel_launch.check refuses missing devices
+            check_device(device, s.device_source(self.role))
         dtype = s.torch_dtype()
         # CUDA graphs around NCCL collectives are untested: degree 1 only for now.
         options = dict(vocab_size=vocab, attention_kind=s.attention,

@@ -152,6 +152,9 @@ class EngineSettings:
     # ignores both: it runs on `device`.
     tensor_parallel: int = 1
     target_devices: str = ""
+    # draft: its own device (cpu, cuda, cuda:N), which overrides `device` for the draft; empty:
+    # the target's first device (target_devices' first, else `device`). The target ignores it.
+    draft_device: str = ""
 
     @classmethod
     def parse(cls, params: dict, role: str) -> "EngineSettings":
@@ -180,9 +183,13 @@ class EngineSettings:
         head = paths.head if role == "target" else ""
         degree, devices = (_placement(s.tensor_parallel, s.target_devices) if role == "target"
                            else (1, ""))
-        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, s.device, s.cpu_threads,
+        device, draft_device = s.device, ""
+        if role == "draft":
+            draft_device = _draft_device(s.draft_device)
+            device = draft_device or s.target_devices.split(",")[0].strip() or s.device
+        return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, device, s.cpu_threads,
                    s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault, paths.tokenizer,
-                   s.batch_invariant, degree, devices)
+                   s.batch_invariant, degree, devices, draft_device)
 
     @property
     def disabled(self) -> bool:
@@ -194,6 +201,12 @@ class EngineSettings:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def device_source(self, role: str) -> str:
+        """The setting that named this model's (rank 0's) device, for a refusal at load."""
+        if role == "draft":
+            return "draft_device" if self.draft_device else "device"
+        return "target_devices" if self.target_devices else "device"
 
     def threads(self) -> int:
         """Draft and target alternate within a sequence and overlap across sequences: each gets
@@ -243,6 +256,33 @@ def _placement(degree: int, devices: str) -> tuple[int, str]:
         if name != "cpu" and not (name.startswith("cuda:") and name[5:].isdigit()):
             raise SettingsError(f"target_devices {devices!r}: {name!r} is neither cpu nor cuda:N")
     return (len(names) or degree), ",".join(names)
+
+
+def _draft_device(raw: str) -> str:
+    """draft_device checked: cpu, cuda or cuda:N; "" (or auto): the target's first device."""
+    name = raw.strip()
+    if name in ("", "auto"):
+        return ""
+    if name in ("cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise SettingsError(f"draft_device {raw!r}: expected cpu, cuda or cuda:N (empty: the "
+                        f"target's first device)")
+
+
+def check_device(device: torch.device, source: str) -> None:
+    """Refuse at load a device this machine lacks, naming the setting and its value."""
+    import torch
+    name = str(device)
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise SettingsError(f"{source} {name!r}: expected cpu, cuda or cuda:N")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not have:
+        raise SettingsError(f"{source} {name!r}: no CUDA device on this machine")
+    if (device.index or 0) >= have:
+        raise SettingsError(f"{source} {name!r}: {have} CUDA device(s) visible "
+                            f"(cuda:0 .. cuda:{have - 1})")
 
 
 @dataclass(frozen=True)
