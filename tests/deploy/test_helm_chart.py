@@ -423,10 +423,14 @@ def test_gpu_count_feeds_the_tensor_parallel_degree():
     assert '{{- if eq .name "SPECDEC_TENSOR_PARALLEL" }}{{ $userSet = true }}{{ end }}' in env
     assert re.search(r"\{\{- with \.Values\.specdec\.targetDevices \}\}\n- name: "
                      r"SPECDEC_TARGET_DEVICES\n", env)
+    # the draft's device: set only when given, else the code's default (the target's first)
+    assert re.search(r"\{\{- with \.Values\.specdec\.draftDevice \}\}\n- name: "
+                     r"SPECDEC_DRAFT_DEVICE\n", env)
+    from specdec.serving.settings import EngineSettings
     v = values()
+    assert v["specdec"]["draftDevice"] == "" == EngineSettings().draft_device
     assert v["specdec"]["tensorParallel"] == 0 and v["specdec"]["targetDevices"] == ""
     # the chart's default (gpu.count 1) is the code's default degree
-    from specdec.serving.settings import EngineSettings
     assert max(1, v["gpu"]["count"]) == EngineSettings().tensor_parallel == 1
 
 

@@ -100,7 +100,7 @@ terminationGracePeriodSeconds less 5 s for the exit itself (specdec/serving/shut
 {{- end }}
 {{- end }}
 
-{{/* Where the target runs (docs/tensor_parallel.md): SPECDEC_TENSOR_PARALLEL is
+{{/* Where the target and the draft run (docs/deploy.md, "Targets larger than one GPU"): SPECDEC_TENSOR_PARALLEL is
 specdec.tensorParallel, else gpu.count (the pod's GPUs, one rank each), unless extraEnv sets it;
 with specdec.targetDevices alone, the devices' count is the degree and no degree is set. A degree
 above gpu.count would leave ranks without a GPU: refused here. */}}
@@ -120,6 +120,10 @@ above gpu.count would leave ranks without a GPU: refused here. */}}
 {{- end }}
 {{- with .Values.specdec.targetDevices }}
 - name: SPECDEC_TARGET_DEVICES
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.specdec.draftDevice }}
+- name: SPECDEC_DRAFT_DEVICE
   value: {{ . | quote }}
 {{- end }}
 {{- end }}
