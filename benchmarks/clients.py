@@ -129,7 +129,13 @@ def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: i
                                  or len(done) == len(prompts)):
                     log(f"{label}: {len(done)}/{len(prompts)} requests")
 
-    clients = [GrpcClient(url) for _ in range(concurrency)]
+    wall = run_streams([GrpcClient(url) for _ in range(concurrency)], worker, errors, label)
+    return sorted(done, key=lambda r: r.prompt_index), wall
+
+
+def run_streams(clients: list, worker, errors: list[BaseException], label: str) -> float:
+    """worker(client) on a thread per client; wall seconds until all end. The first error a
+    worker appended is raised once every stream has stopped."""
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
     for t in threads:
@@ -139,4 +145,4 @@ def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: i
     wall = time.perf_counter() - t0
     if errors:
         raise RuntimeError(f"{label}: request failed: {errors[0]!r}") from errors[0]
-    return sorted(done, key=lambda r: r.prompt_index), wall
+    return wall

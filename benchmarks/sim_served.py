@@ -3,10 +3,8 @@ draft_model and target_model are padded to the simulated device ($SPECDEC_SIMULA
 from __future__ import annotations
 
 import queue
-import threading
-import time
 
-from clients import GrpcClient
+from clients import GrpcClient, run_streams
 from progress import log
 from server import Server, settle_metrics
 from sim_plan import Mode, Setting, seed_of
@@ -56,16 +54,8 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
         finally:
             client.close()
 
-    clients = [SampledClient(url, mode) for _ in range(streams)]
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"{setting.label}: request failed: {errors[0]!r}") from errors[0]
+    wall = run_streams([SampledClient(url, mode) for _ in range(streams)], worker, errors,
+                       setting.label)
     return done, wall
 
 

@@ -4,11 +4,9 @@ dataclass's fields (ENV_PREFIX + field name) as its parser looks them up."""
 from __future__ import annotations
 
 import re
-import types
 from pathlib import Path
 
-from specdec.openai.limits import Limits
-from specdec.serving import settings, shutdown
+from tests.deploy.helpers import env_names_read_by_code
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
@@ -22,23 +20,7 @@ def names_written_in_code() -> set[str]:
 
 
 def names_looked_up(monkeypatch) -> set[str]:
-    """Every variable the parsers ask the environment for, over an empty environment."""
-    seen: set[str] = set()
-
-    class Spy(dict):
-        def get(self, key, default=None):
-            seen.add(key)
-            return default
-
-    monkeypatch.setattr(settings, "os", types.SimpleNamespace(environ=Spy()))
-    for role in ("target", "draft"):
-        settings.EngineSettings.parse({}, role)
-    settings.OrchestratorSettings.parse({})
-    settings.SupervisorSettings.parse({})
-    settings.RequestLimits.parse({})
-    settings.tokenizer_path({})
-    shutdown.ShutdownSettings.parse()
-    Limits.read()
+    seen = env_names_read_by_code(monkeypatch)
     # A field the spy missed would be a parser this test does not run.
     assert {"SPECDEC_MAX_SEQ_LEN", "SPECDEC_SHUTDOWN_GRACE_S", "SPECDEC_MAX_STOP_WORDS"} <= seen
     return seen

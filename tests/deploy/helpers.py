@@ -143,9 +143,11 @@ def normalize(name: str) -> str:
 
 
 def env_names_read_by_code(monkeypatch) -> set[str]:
-    """Every environment variable that specdec/serving/settings.py looks up, recorded by running
-    each parser (draft, target, orchestrator, tokenizer) over an empty environment."""
-    from specdec.serving import settings
+    """Every environment variable the settings parsers look up, recorded by running each one
+    (draft, target, orchestrator, supervisor, limits, tokenizer, shutdown, the gateway's
+    limits: all read through specdec/serving/settings.py) over an empty environment."""
+    from specdec.openai.limits import Limits
+    from specdec.serving import settings, shutdown
 
     seen: set[str] = set()
 
@@ -169,5 +171,7 @@ def env_names_read_by_code(monkeypatch) -> set[str]:
     settings.SupervisorSettings.parse({})
     settings.RequestLimits.parse({})
     settings.tokenizer_path({})
+    shutdown.ShutdownSettings.parse()
+    Limits.read()
     assert seen, "settings.py read no environment variable through os.environ: update this spy"
     return seen
