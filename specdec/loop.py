@@ -7,9 +7,13 @@ A request may draft with the draft model, with prompt lookup (ngram.py, in this 
 call), with an EAGLE-3 head in the target (eagle/: the verification of round r returns round
 r + 1's proposal, so a round is one call), or with any of them, chosen per round (hybrid).
 
-Cache bookkeeping lives here, not in the models: each call carries the cached length to roll
-back to and the committed tokens the model has not seen. The target always caches all committed
-tokens but the last; the draft also lags behind by whatever it never fed.
+Each round reads: the proposers the sequence has (proposers.py) offer, the policy chooses k and
+one of them, it proposes, the target verifies, the verdict is committed and every proposer
+observes it, the shown tokens are emitted.
+
+Cache bookkeeping lives here and in the proposers, not in the models: each call carries the
+cached length to roll back to and the committed tokens the model has not seen. The target always
+caches all committed tokens but the last; a draft also lags behind by whatever it never fed.
 """
 from __future__ import annotations
 
@@ -19,13 +23,10 @@ from typing import Awaitable, Callable, Protocol
 
 from .ngram import NgramProposer
 from .policy import Choice, Planner, Policy
-from .records import (DRAFTING, Chunk, Failure, Finish, Proposal, ProposeCall, Proposer, Request,
-                      Round, Stats, Verdict, VerifyCall)
-
-
-class Drafter(Protocol):
-    async def propose(self, call: ProposeCall) -> Proposal: ...
-    async def release(self, seq_id: int) -> None: ...
+from .proposers import (DraftModelProposer, Drafted, Drafter, HeadProposer, LookupProposer,
+                        SequenceProposer)
+from .records import (DRAFTING, Chunk, Finish, Proposal, Proposer, Request, Round, Stats, Verdict,
+                      VerifyCall)
 
 
 class Verifier(Protocol):
@@ -94,32 +95,20 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     proposer is "ngram" or "hybrid"; head: the verifier drafts with an EAGLE-3 head.
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
     on_round: observes every round (metrics).
-    policy: chooses each round's k and proposer (policy.py); default: exactly num_draft_tokens.
+    policy: chooses each round's k and proposer (policy.py) among those the sequence has;
+    default: exactly num_draft_tokens.
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
-    # The head drafts inside the verifier's calls, whose release frees its state too.
-    drafters = {Proposer.DRAFT: drafter, Proposer.NGRAM: ngram,
-                Proposer.EAGLE: verifier if head else None}
-    allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
-    if req.proposer == Proposer.HYBRID:
-        allowed = tuple(p for p in allowed if drafters[p] is not None)
-    missing = [p for p in allowed if drafters[p] is None]
-    if missing:
-        raise ValueError(f"proposer '{req.proposer}' needs {', '.join(missing)}, not configured")
+    allowed = _allowed(req, policy, drafter, ngram, head)
     if policy is None:
         policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, False,
                                                     proposers=allowed)
-    policy.proposers = allowed
+    proposers = _proposers(allowed, seq_id, req, policy, drafter, ngram, draft_timeout_s)
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
     target_len = 0                    # tokens the target has cached, all committed
-    lens = {p: 0 for p in allowed}    # tokens each proposer holds, all committed
-    used = {Proposer.NGRAM} & set(allowed)   # proposers holding state for this sequence
     verified_at = None
-    pending, pending_s = [], 0.0      # the head's proposal for this round, and its seconds
-    pending_fed = 0                   # committed tokens its verification caught the head up on
-    pending_steps = 0                 # the head's steps over the batch that drafted it
     try:
         while out.finish is None:
             if cancelled():
@@ -129,64 +118,33 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             t0 = time.perf_counter()
             limit = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
                 req.num_draft_tokens, max_len - n, req.max_tokens - len(out.tokens) - 1))
-            offers = {}
-            if limit and Proposer.NGRAM in allowed:   # what a lookup would propose, for the choice
-                held = lens[Proposer.NGRAM]
-                match = ngram.lookup(seq_id, held, committed[held:])
-                lens[Proposer.NGRAM], offers[Proposer.NGRAM] = n, match.proposes(limit)
-            if limit and Proposer.EAGLE in allowed:
-                offers[Proposer.EAGLE] = min(len(pending), limit)
-            choice = policy.choose(limit, offers) if limit else Choice(0)
-            k, p, failure, fed, drafted = choice.k, choice.proposer, None, 0, 0
-            proposal = Proposal([], None)
-            from_head = k > 0 and p == Proposer.EAGLE
-            if from_head:
-                proposal, drafted = Proposal(pending[:k], None), max(pending_steps, len(pending))
-            elif k > 0:
-                used.add(p)
-                fed = n - lens[p]
-                try:
-                    proposal = await asyncio.wait_for(drafters[p].propose(ProposeCall(
-                        seq_id, lens[p], committed[lens[p]:], k, req.sampling)),
-                        draft_timeout_s if p == Proposer.DRAFT else None)
-                    k = len(proposal.tokens)  # a lookup may have fewer; 0: target only
-                except Exception as exc:   # the draft is an accelerator, never a dependency
-                    failure = _failure_reason(exc)
-                    k, lens[p] = 0, 0      # its cache is unknown now: re-prefill next time
+            choice = policy.choose(limit, {p: q.offer(committed, limit)
+                                           for p, q in proposers.items()}) if limit else Choice(0)
+            chosen = proposers.get(choice.proposer) if choice.k else None
+            d = await chosen.propose(committed, choice.k) if chosen else Drafted(Proposal([], None))
+            k = len(d.proposal.tokens)
             t1 = time.perf_counter()
-            next_k = None
-            if Proposer.EAGLE in allowed:   # the next round's limit is at most this
-                next_k = policy.lookahead(max(0, min(req.num_draft_tokens, max_len - n - 1,
-                                                     req.max_tokens - len(out.tokens) - 2)))
+            # The head drafts the next round's proposal now; that round's limit is at most this.
+            next_limit = max(0, min(req.num_draft_tokens, max_len - n - 1,
+                                    req.max_tokens - len(out.tokens) - 2))
+            next_k = next((nk for nk in (q.next_k(next_limit) for q in proposers.values())
+                           if nk is not None), None)
+            from_head = bool(k and chosen.in_verifier)
             verdict = await verifier.verify(VerifyCall(
-                seq_id, target_len, committed[target_len:], proposal.tokens, proposal.probs,
+                seq_id, target_len, committed[target_len:], d.proposal.tokens, d.proposal.probs,
                 req.sampling, next_k, from_head))
             t2 = time.perf_counter()
-            draft_s = pending_s if from_head else t1 - t0
+            draft_s = t1 - t0 if d.draft_s is None else d.draft_s
             verify_s = t2 - t1 - verdict.draft_s   # the head's next proposal is not this round's
-            if from_head:   # a proposal drafted after a prefill's catch-up costs like a prefill
-                fed = pending_fed
-            pending, pending_s = verdict.proposal or [], verdict.draft_s
-            pending_fed, pending_steps = n - target_len, verdict.head_steps
             m = verdict.num_accepted
-            prefill = n - target_len > 2
+            for q in proposers.values():
+                q.observe(n, k if q is chosen else 0, verdict, n - target_len)
             committed += verdict.tokens
-            target_len = n + m
-            if k > 0 and not from_head:
-                lens[p] = n + min(m, k - 1)  # it fed d_1..d_{k-1}; d_k and later never
-            stats.rounds += 1
-            stats.total_draft_tokens += k
-            stats.total_accepted_draft_tokens += m
-            if p == Proposer.NGRAM:
-                stats.ngram_draft_tokens += k
-                stats.ngram_accepted_tokens += m
-            stats.accepted_per_round.append(m)
-            stats.draft_s += draft_s
-            stats.verify_s += verify_s
             r = Round(k, m, draft_s, verify_s, None if verified_at is None else t0 - verified_at,
-                      prefill, fed, failure, limit, choice.reason, p, drafted, verdict.failure,
-                      max(verdict.batch_k, k))
-            verified_at = t2
+                      n - target_len > 2, d.fed, d.failure, limit, choice.reason,
+                      choice.proposer, d.drafted, verdict.failure, max(verdict.batch_k, k))
+            target_len, verified_at = n + m, t2
+            _count(stats, r)
             policy.observe(r)
             if on_round is not None:
                 on_round(r)
@@ -204,27 +162,57 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
         # (its slots gone with its process) would hold this sequence's admission slot for
         # seconds. A model takes calls in order, and a batch's releases before its proposals, so
         # a later sequence's first proposal still finds this one's draft slot free.
-        later = [asyncio.ensure_future(drafter.release(seq_id))] if Proposer.DRAFT in used else []
+        holding = [q for q in proposers.values() if q.holds]
+        later = [asyncio.ensure_future(q.release()) for q in holding if not q.awaited]
         for task in later:
             task.add_done_callback(_retrieve)
         await asyncio.shield(asyncio.gather(
-            verifier.release(seq_id),
-            *(drafters[p].release(seq_id) for p in used if p != Proposer.DRAFT),
+            verifier.release(seq_id), *(q.release() for q in holding if q.awaited),
             return_exceptions=True))
         if later:
             await asyncio.wait(later, timeout=DRAFT_RELEASE_WAIT_S)
+
+
+def _allowed(req: Request, policy: Policy | None, drafter, ngram, head: bool
+             ) -> tuple[Proposer, ...]:
+    """What the request may draft with: hybrid with what is configured, any other only with
+    its own proposer (an error when that is not configured)."""
+    has = {Proposer.DRAFT: drafter is not None, Proposer.NGRAM: ngram is not None,
+           Proposer.EAGLE: head}
+    allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
+    if req.proposer == Proposer.HYBRID:
+        allowed = tuple(p for p in allowed if has[p])
+    missing = [p for p in allowed if not has[p]]
+    if missing:
+        raise ValueError(f"proposer '{req.proposer}' needs {', '.join(missing)}, not configured")
+    return allowed
+
+
+def _proposers(allowed, seq_id: int, req: Request, policy: Policy, drafter, ngram,
+               draft_timeout_s: float | None) -> dict[Proposer, SequenceProposer]:
+    make = {Proposer.DRAFT: lambda: DraftModelProposer(drafter, seq_id, req.sampling,
+                                                       draft_timeout_s),
+            Proposer.NGRAM: lambda: LookupProposer(ngram, seq_id, req.sampling),
+            Proposer.EAGLE: lambda: HeadProposer(policy)}
+    return {p: make[p]() for p in allowed}
+
+
+def _count(stats: Stats, r: Round) -> None:
+    stats.rounds += 1
+    stats.total_draft_tokens += r.k
+    stats.total_accepted_draft_tokens += r.accepted
+    if r.proposer == Proposer.NGRAM:
+        stats.ngram_draft_tokens += r.k
+        stats.ngram_accepted_tokens += r.accepted
+    stats.accepted_per_round.append(r.accepted)
+    stats.draft_s += r.draft_s
+    stats.verify_s += r.verify_s
 
 
 def _retrieve(task: asyncio.Future) -> None:
     """A release left running has no one to raise to: its error is the draft's to log."""
     if not task.cancelled():
         task.exception()
-
-
-def _failure_reason(exc: Exception) -> Failure:
-    if isinstance(exc, asyncio.TimeoutError):
-        return Failure.TIMEOUT
-    return Failure.UNAVAILABLE if getattr(exc, "unavailable", False) else Failure.ERROR
 
 
 async def _call(fn, chunk: Chunk) -> None:

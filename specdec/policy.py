@@ -180,9 +180,15 @@ class Policy:
         self.planner, self.proposers, self.frozen = planner, proposers, frozen
 
     def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
-        """k in 0..limit and its proposer. available: the most each proposer can offer now
-        (n-gram: its match's continuation); absent ones can offer the limit."""
+        """k in 0..limit and its proposer. available: the most each proposer the sequence has
+        can offer now (n-gram: its match's continuation); the policy's other proposers are not
+        there (a hybrid request on a server without a head). None: all can offer the limit."""
         raise NotImplementedError
+
+    def _offered(self, available: dict[Proposer, int] | None) -> tuple[Proposer, ...]:
+        if available is None:
+            return self.proposers
+        return tuple(p for p in self.proposers if p in available)
 
     def lookahead(self, limit: int) -> int:
         """Tokens an EAGLE-3 head should draft now, with this round's verification, for the next
@@ -215,13 +221,15 @@ class Fixed(Policy):
         k = self._cap(k)
         if k == 0:
             return Choice(0)
-        for p in self.proposers:
+        last = self.proposers[-1]
+        for p in self._offered(available):
             if p == Proposer.DRAFT:
                 return self._draft(k)
             offer = (available or {}).get(p, k)
             if offer > 0:
                 return Choice(min(k, offer), None, p)
-        return Choice(0, Off.NO_MATCH, self.proposers[-1])
+            last = p
+        return Choice(0, Off.NO_MATCH, last)
 
     def lookahead(self, limit: int) -> int:
         return self._cap(min(self.k, limit)) if Proposer.EAGLE in self.proposers else 0
@@ -269,7 +277,7 @@ class Adaptive(Policy):
         best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
         offers: dict[Proposer, tuple[int, int]] = {}   # (the most it offers, its own best k)
         why = Off.NO_MATCH
-        for p in self.proposers:
+        for p in self._offered(available):
             kmax = min(cap, (available or {}).get(p, cap))
             if kmax == 0:
                 continue

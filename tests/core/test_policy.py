@@ -220,8 +220,11 @@ def test_frozen_choices_depend_only_on_the_sequences_own_rounds():
 def test_fixed_k_with_hybrid_takes_a_lookup_match_else_the_draft():
     planner = Planner(8)
     hybrid = planner.open(4, auto=False, proposers=("ngram", "draft"))
-    assert hybrid.choose(4, {"ngram": 3}) == Choice(3, None, "ngram")
-    assert hybrid.choose(4, {"ngram": 0}) == Choice(4, None, "draft")
+    assert hybrid.choose(4, {"ngram": 3, "draft": 4}) == Choice(3, None, "ngram")
+    assert hybrid.choose(4, {"ngram": 0, "draft": 4}) == Choice(4, None, "draft")
+    # A sequence without the draft (a server that has none): only what it offers is chosen.
+    assert hybrid.choose(4, {"ngram": 0}) == Choice(0, "no_match", "ngram")
+    assert hybrid.choose(4, {"draft": 4}) == Choice(4, None, "draft")
     lookup_only = planner.open(4, auto=False, proposers=("ngram",))
     assert lookup_only.choose(4, {"ngram": 0}) == Choice(0, "no_match", "ngram")
 
@@ -230,7 +233,7 @@ def play_hybrid(policy, accept, offer, rounds, rng):
     """accept: proposer -> per-token acceptance; offer(i): tokens a lookup has at round i."""
     used = []
     for i in range(rounds):
-        c = policy.choose(8, {"ngram": offer(i)})
+        c = policy.choose(8, {"ngram": offer(i), "draft": 8})
         m = 0
         while m < c.k and rng.random() < accept[c.proposer]:
             m += 1
@@ -386,7 +389,7 @@ def play_mixed(planner, rows: int, rounds: int, rng, fixed: int | None = None) -
     tokens, seconds = 0, 0.0
     for _ in range(rounds):
         offers = [rng.choice((2, 2, 2, 3, 8)) if rng.random() < 0.6 else 0 for _ in policies]
-        choices = [p.choose(8, {"ngram": n}) for p, n in zip(policies, offers)]
+        choices = [p.choose(8, {"ngram": n, "draft": 8}) for p, n in zip(policies, offers)]
         widest = max(c.k for c in choices)
         drafted = max([c.k for c in choices if c.proposer == "draft"] or [0])
         verify = BATCH_CALL + BATCH_TOKEN * widest
