@@ -53,7 +53,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     kv, length = k.shape[1], k.shape[2]
     g = h // kv
     pad = -length % KV_BLOCK
-    if pad:   # the engine reads whole blocks from its cache; this covers other callers
+    if pad:   # zero keys the mask hides, so that blocks are whole
         k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
         mask = F.pad(mask, (0, pad))
     n, blocks = length + pad, (length + pad) // KV_BLOCK
