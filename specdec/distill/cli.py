@@ -4,11 +4,12 @@
                     [--layers N | --draft-config FILE] [--steps N] [--device auto|cpu|cuda]
     specdec distill --method eagle3 --target DIR --out DIR [--draft-vocab N] [--ttt-steps N]
                     [--aux-layers A,B,C] ...
+    specdec distill --method medusa --target DIR --out DIR [--medusa-heads N] [--medusa-layers N]
 
 Stages, each resumable: checks, data (saved to OUT/.distill/data.pt), training (checkpoints in
 OUT/.distill/step-N), then the draft is written to OUT as a Hugging Face directory (an EAGLE-3
-head: in the speculators format, eagle3_run.py) with distill_report.json, and OUT/.distill is
-removed.
+head: in the speculators format, eagle3_run.py; Medusa heads: in FasterDecoding's, medusa.py)
+with distill_report.json, and OUT/.distill is removed.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 
 from ..config import CheckpointError, ModelArgs
 from ..engine import Engine, default_dtype
-from . import checks, data, draft, eagle3_run, measure, report, train
+from . import checks, data, draft, eagle3_run, measure, medusa, report, train
 from .checks import WORK, DistillError
 
 GEN_BATCH = 64          # sequences the target continues at once
@@ -36,9 +37,10 @@ NOT_RECIPE = {"out", "steps", "checkpoint_every", "device", "threads", "overwrit
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", type=Path, required=True, help="the target's checkpoint directory")
     ap.add_argument("--out", type=Path, required=True, help="the draft's directory (new or empty)")
-    ap.add_argument("--method", choices=("draft", "eagle3"), default="draft",
+    ap.add_argument("--method", choices=("draft", "eagle3", "medusa"), default="draft",
                     help="draft: a small model of the target's layers (default); eagle3: an "
-                    "EAGLE-3 head drafting from the target's hidden states")
+                    "EAGLE-3 head drafting from the target's hidden states; medusa: Medusa-1 "
+                    "heads guessing the next tokens from the target's last hidden state")
     g = ap.add_argument_group("data (default: the target's own samples)")
     g.add_argument("--prompts", type=Path, help="prompts the target continues: JSON lines with "
                    "a 'prompt' field, or one per line; chat-templated for chat models")
@@ -71,6 +73,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--ttt-steps", type=int, help="training-time test steps unrolled (3)")
     g.add_argument("--aux-layers", help="three target layers whose outputs the head fuses, "
                    "0-based, e.g. 1,15,28 (default: EAGLE-3's 1, L/2-1, L-4; spread for L < 7)")
+    g = ap.add_argument_group("Medusa-1 heads (--method medusa)")
+    g.add_argument("--medusa-heads", type=int, help="heads, one per drafted token (4)")
+    g.add_argument("--medusa-layers", type=int, help="residual blocks per head (1)")
     g = ap.add_argument_group("training")
     g.add_argument("--steps", type=int, default=1000, help="optimizer steps (1000)")
     g.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
@@ -138,9 +143,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t_args, t_cfg = checks.target(args.target)
-    eagle3_run.check_options(args, t_args)
+    medusa.check_options(args, t_args)
+    if args.method != "medusa":
+        eagle3_run.check_options(args, t_args)
     if args.method == "eagle3":
         cfg, idx, init, d_args = None, None, f"EAGLE-3 head, aux layers {args.aux_layers}", None
+    elif args.method == "medusa":
+        cfg, idx, d_args = None, None, None
+        init = f"{args.medusa_heads} Medusa-1 heads of {args.medusa_layers} blocks"
     elif args.draft_config:
         cfg, idx = draft.user_config(t_cfg, args.target, args.draft_config), None
         init = f"from scratch, config {args.draft_config}"
@@ -163,6 +173,8 @@ def _run(args: argparse.Namespace) -> int:
     dtype = default_dtype(device)
     if args.method == "eagle3":
         parts = eagle3_run.memory_needed(t_args, args, slots, max_len, dtype)
+    elif args.method == "medusa":
+        parts = medusa.memory_needed(t_args, args, slots, max_len, dtype)
     else:
         parts = checks.memory_needed(t_args, d_args, not freeze, args.batch, args.seq_len,
                                      slots, max_len, dtype, train.chunk_tokens(t_args.vocab_size))
@@ -189,6 +201,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.method == "eagle3":
         return eagle3_run.run(args, t_args, t_cfg, target, ds, work, bar, device, max_len,
                               started)
+    if args.method == "medusa":
+        return medusa.run(args, t_args, t_cfg, target, ds, work, bar, device, started)
 
     model = draft.build(cfg, args.target, idx, args.seed).to(device)
     if freeze:
