@@ -32,7 +32,10 @@ def control_group():
 
 
 class Leader:
-    """Rank 0's Engine with the same methods; the other attributes are the Engine's."""
+    """Rank 0's Engine with the same methods; the other attributes are the Engine's (read and
+    set: a test's drafter_fault is the engine's)."""
+
+    OWN = ("engine", "control", "workers", "failure")
 
     def __init__(self, engine, control, workers=()):
         self.engine, self.control, self.workers = engine, control, list(workers)
@@ -40,6 +43,12 @@ class Leader:
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+    def __setattr__(self, name, value):
+        if name in self.OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.engine, name, value)
 
     def _send(self, op: str, payload) -> None:
         if self.failure is not None:
@@ -77,6 +86,13 @@ class Leader:
         return self._run("propose", calls)
 
     def verify(self, calls):
+        # In-target drafters (an EAGLE-3 head, ...) run on rank 0 alone, and the q of their
+        # sampled proposals waits in its engine: each call goes out as rank 0 verifies it (with
+        # that q, or without drafts whose q is gone), so that every rank accepts the same
+        # drafts; rank 0's engine finds nothing more to take.
+        if self.engine.drafters:
+            calls = [replace(self.engine._in_target_drafts(c), drafts_in_target=False)
+                     for c in calls]
         return self._run("verify", calls)
 
     def release(self, seq_ids):

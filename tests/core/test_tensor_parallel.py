@@ -1,6 +1,7 @@
 """Tensor parallelism (specdec/parallel.py) at degree 2 over gloo, two processes on the CPU:
-greedy tokens equal degree 1's in float32, speculative equal target-only at degree 2, each rank
-holding only its slices; shapes that do not divide are refused by name."""
+greedy tokens equal degree 1's in float32, speculative (a draft model, prompt lookup, an EAGLE-3
+head on rank 0) equal target-only at degree 2, each rank holding only its slices; shapes that do
+not divide are refused by name."""
 import json
 import socket
 import sys
@@ -14,7 +15,7 @@ from specdec import parallel
 from specdec.config import CheckpointError, ModelArgs
 from specdec.engine import Engine
 from specdec.ngram import NgramProposer
-from specdec.records import Proposer, Request
+from specdec.records import Proposer, Request, SamplingParams
 from specdec.weights import load_model
 from tests.core.conftest import generate
 
@@ -22,8 +23,10 @@ ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import make_random_pair  # noqa: E402
 
-TARGET, DRAFT = ROOT / "models/default/target", ROOT / "models/default/draft"
-PROMPTS, MAX_TOKENS, K = 16, 128, 4
+DEFAULT = ROOT / "models/default"
+TARGET, DRAFT, HEAD = DEFAULT / "target", DEFAULT / "draft", DEFAULT / "eagle"
+# 16 x 128 tokens through a real tritonserver: tests/e2e/test_tensor_parallel.py.
+PROMPTS, MAX_TOKENS, SAMPLED_TOKENS, K = 8, 64, 24, 4
 MAX_LEN = 24 + MAX_TOKENS + K + 2
 CPU = torch.device("cpu")
 
@@ -40,35 +43,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, target: str, draft: str | None, out: str) -> None:
-    """One rank: rank 0 runs the loop through its Leader, the others follow it."""
+def sampled(ps: list[list[int]], proposer: Proposer) -> list[Request]:
+    return [Request(p, SAMPLED_TOKENS, K, SamplingParams(0.8, seed=7 + i), proposer=proposer)
+            for i, p in enumerate(ps)]
+
+
+def _rank(rank: int, world: int, port: int, target: str, draft: str | None, head: str | None,
+          out: str) -> None:
+    """One rank: rank 0 runs the loop through its Leader, the others follow it. Each writes
+    the shapes it holds to out/rank<r>.json; rank 0 its tokens too."""
     from specdec.parallel_engine import Leader, control_group, follow
-    from specdec.sharded_weights import load_shard
     torch.set_num_threads(1)
-    tp = parallel.init(rank, world, "127.0.0.1", port, CPU, timeout_s=120)
+    tp = parallel.init(rank, world, "127.0.0.1", port, CPU, timeout_s=60)
     try:
-        model = load_shard(target, torch.float32, CPU, tp)
-        held = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        engine = Engine(model, PROMPTS, MAX_LEN, CPU)
+        engine = Engine.load(target, PROMPTS, MAX_LEN, torch.float32, CPU, head_path=head,
+                             tp=tp)
+        result = {"held": {n: tuple(p.shape) for n, p in
+                           engine.model.named_parameters(remove_duplicate=False)}}
         control = control_group()
         if rank:
+            Path(out, f"rank{rank}.json").write_text(json.dumps(result))
             follow(engine, control, CPU)
             return
         leader = Leader(engine, control)
-        ps = prompts(model.args.vocab_size)
-        plain = target_only(leader, ps)
+        ps = prompts(engine.model.args.vocab_size)
+        result["plain"] = ids(target_only(leader, ps))
         if draft:   # the draft model at degree 1, in rank 0's process
             d = Engine(load_model(draft, torch.float32, CPU), PROMPTS, MAX_LEN, CPU)
             spec = generate(leader, d, [Request(p, MAX_TOKENS, K) for p in ps])
         else:       # prompt lookup
             spec = generate(leader, None, [Request(p, MAX_TOKENS, K, proposer=Proposer.NGRAM)
                                            for p in ps], ngram=NgramProposer())
+        result["spec"], result["accepted"] = ids(spec), accepted(spec)
+        if head:    # on rank 0 alone; its sampled q goes to rank 1 with each verification
+            eagle = generate(leader, None, [Request(p, MAX_TOKENS, K, proposer=Proposer.EAGLE)
+                                            for p in ps])
+            result["eagle"], result["eagle_accepted"] = ids(eagle), accepted(eagle)
+            result["eagle_sampled"] = ids(generate(leader, None, sampled(ps, Proposer.EAGLE)))
         leader.stop()
-        Path(out).write_text(json.dumps({
-            "plain": [r[0] for r in plain], "spec": [r[0] for r in spec],
-            "accepted": sum(r[1].total_accepted_draft_tokens for r in spec), "held": held}))
+        Path(out, "rank0.json").write_text(json.dumps(result))
     finally:
         parallel.close()
+
+
+def ids(results) -> list[list[int]]:
+    return [r[0] for r in results]
+
+
+def accepted(results) -> int:
+    return sum(r[1].total_accepted_draft_tokens for r in results)
 
 
 def target_only(engine, ps: list[list[int]]) -> list:
@@ -76,39 +99,48 @@ def target_only(engine, ps: list[list[int]]) -> list:
                                    for p in ps], ngram=NgramProposer())
 
 
-def degree_two(tmp_path: Path, target: Path, draft: Path | None) -> dict:
-    out = tmp_path / "rank0.json"
-    mp.spawn(_rank, args=(2, free_port(), str(target), str(draft) if draft else None,
-                          str(out)), nprocs=2, join=True)
-    result = json.loads(out.read_text())
-    result["held"] = {n: tuple(shape) for n, shape in result["held"].items()}
-    return result
+def degree_two(tmp_path: Path, target: Path, draft: Path | None,
+               head: Path | None = None) -> tuple[dict, dict]:
+    """Rank 0's results and rank 1's held shapes."""
+    mp.spawn(_rank, args=(2, free_port(), str(target), draft and str(draft),
+                          head and str(head), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        r["held"] = {n: tuple(shape) for n, shape in r["held"].items()}
+    return ranks[0], ranks[1]["held"]
 
 
 def degree_one(target: Path) -> list[list[int]]:
     engine = Engine(load_model(target, torch.float32, CPU), PROMPTS, MAX_LEN, CPU)
-    ps = prompts(engine.model.args.vocab_size)
-    return [r[0] for r in target_only(engine, ps)]
+    return ids(target_only(engine, prompts(engine.model.args.vocab_size)))
 
 
-def test_embedded_pair_at_degree_two_equals_degree_one(tmp_path):
-    """models/default: 8 heads and 4 KV heads (2 per rank), tied 4096-token vocabulary."""
-    two = degree_two(tmp_path, TARGET, DRAFT)
+def test_embedded_pair_at_degree_two_equals_degree_one(tmp_path, one_thread):
+    """models/default: 8 heads and 4 KV heads (2 per rank), tied 4096-token vocabulary; its
+    draft model and its EAGLE-3 head (no embedding of its own: it shares the target's, which
+    rank 0 alone holds whole)."""
+    two, held = degree_two(tmp_path, TARGET, DRAFT, HEAD)
     one = degree_one(TARGET)
     assert len(one) == PROMPTS and all(len(t) == MAX_TOKENS for t in one)
     assert two["plain"] == one
-    assert two["spec"] == two["plain"]
-    assert two["accepted"] > 0           # the draft did speculate
+    assert two["spec"] == two["plain"] and two["accepted"] > 0   # the draft did speculate
+    assert two["eagle"] == two["plain"] and two["eagle_accepted"] > 0
+    # Sampled: float32 logits differ from degree 1's in the last bits at most: the same draws.
+    d1 = Engine.load(str(TARGET), PROMPTS, MAX_LEN, torch.float32, CPU, head_path=str(HEAD))
+    ps = prompts(d1.model.args.vocab_size)
+    assert two["eagle_sampled"] == ids(generate(d1, None, sampled(ps, Proposer.EAGLE)))
     a = ModelArgs.from_dir(TARGET)
-    d = a.head_dim
-    assert two["held"]["model.embed_tokens.weight"] == (a.vocab_size // 2, a.hidden_size)
-    assert two["held"]["model.layers.0.self_attn.qkv_proj.weight"] == (
+    d, half = a.head_dim, (a.vocab_size // 2, a.hidden_size)
+    assert held["model.embed_tokens.weight"] == held["lm_head.weight"] == half
+    assert held["model.layers.0.self_attn.qkv_proj.weight"] == (
         (a.num_heads + 2 * a.num_kv_heads) * d // 2, a.hidden_size)
-    assert two["held"]["model.layers.0.mlp.down_proj.weight"] == (
-        a.hidden_size, a.intermediate_size // 2)
+    assert held["model.layers.0.mlp.down_proj.weight"] == (a.hidden_size,
+                                                           a.intermediate_size // 2)
+    assert two["held"]["model.embed_tokens.weight"] == (a.vocab_size, a.hidden_size)
+    assert two["held"]["lm_head.weight"] == half
 
 
-def test_real_shape_gqa_with_one_kv_head_replicated(tmp_path):
+def test_real_shape_gqa_with_one_kv_head_replicated(tmp_path, one_thread):
     """Llama-3.1-8B's layout scaled down: 4 query heads on one KV head (each rank holds a copy of
     it), Llama 2's and Mistral 7B's 32000-token vocabulary split in two (its own 128256 passed
     too, at four times the test's time)."""
@@ -118,12 +150,12 @@ def test_real_shape_gqa_with_one_kv_head_replicated(tmp_path):
                                  None, None)
     a = ModelArgs.from_dir(target)
     assert a.vocab_size >= 32000 and a.num_kv_heads == 1 < a.num_heads
-    two = degree_two(tmp_path, target, None)
+    two, held = degree_two(tmp_path, target, None)
     assert two["plain"] == degree_one(target)
     assert two["spec"] == two["plain"]
-    assert two["held"]["model.layers.0.self_attn.qkv_proj.weight"] == (
+    assert held["model.layers.0.self_attn.qkv_proj.weight"] == (
         (a.num_heads // 2 + 2) * a.head_dim, a.hidden_size)
-    assert two["held"]["lm_head.weight"] == (a.vocab_size // 2, a.hidden_size)
+    assert held["lm_head.weight"] == (a.vocab_size // 2, a.hidden_size)
 
 
 def _args(**fields) -> ModelArgs:

@@ -1,14 +1,17 @@
 """target_model at tensor-parallel degree 2 on a real tritonserver (gloo, two processes on the
 CPU) serving a real-shape grouped-query pair: greedy text equals degree 1's over 16 held-out
-prompts x 128 tokens, speculative equals target-only at degree 2, seeded sampling is
-reproducible, and a killed rank 1 is recovered by the supervisor with the same text afterwards.
+prompts x 128 tokens, speculative (the draft model, an EAGLE-3 head on rank 0) equals
+target-only at degree 2, seeded sampling is reproducible, and a killed rank 1 is recovered by the
+supervisor with the same text afterwards.
 
 The pair (`write_pair`, about 5 s): Llama 3's layout (8 query heads on 2 key/value heads, one
 per rank; tied embeddings; Llama 3.1 RoPE) and Llama 2's 32000-token vocabulary, tiny otherwise
 (width 128, 2 layers), with the embedded tokenizer and a chat template. Its weights are drawn
 wide (tiny_checkpoints): 0.02-std weights repeat one token, which would hide a wrong logit. The
 tied rows past the tokenizer's 4096 ids are zero, so the output decodes to text. The draft is the
-target plus noise: it agrees on about 40% of its drafts, so rounds both accept and reject.
+target plus noise: it agrees on about 40% of its drafts, so rounds both accept and reject. The
+head is random (make_random_pair.write_head, without an embedding of its own): it shows the
+served path, not acceptance (tests/core/test_tensor_parallel.py has a trained head).
 
 One server for all of it (the embedded pair at degree 2 is tested in process:
 tests/core/test_tensor_parallel.py, tests/adapters/test_tensor_parallel_serving.py)."""
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,6 +39,9 @@ from tests.core.conftest import generate as generate_ids
 from tests.e2e.conftest import heldout_prompts, launch, templated_tokenizer, wait_for
 from tests.tiny_checkpoints import make_checkpoint, make_draft
 
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import make_random_pair  # noqa: E402
+
 PROMPTS = heldout_prompts(16)
 TOKENS, MAX_LEN = 128, 192
 SHAPE = dict(vocab_size=32000, hidden_size=128, num_attention_heads=8, num_key_value_heads=2,
@@ -42,8 +49,9 @@ SHAPE = dict(vocab_size=32000, hidden_size=128, num_attention_heads=8, num_key_v
 LIVE_IDS = 4096   # the embedded tokenizer's
 
 
-def write_pair(root: Path, tokenizer: Path) -> tuple[Path, Path]:
-    """(target, draft) under root; tokenizer: a directory whose tokenizer files are copied."""
+def write_pair(root: Path, tokenizer: Path) -> tuple[Path, Path, Path]:
+    """(target, draft, head) under root; tokenizer: a directory whose tokenizer files are
+    copied."""
     target = make_checkpoint(root / "target", "llama3_gqa_tied", 0, **SHAPE)
     weights = target / "model.safetensors"
     state = load_file(weights)
@@ -52,7 +60,8 @@ def write_pair(root: Path, tokenizer: Path) -> tuple[Path, Path]:
     for f in tokenizer.iterdir():
         if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
             shutil.copy(f, target / f.name)
-    return target, make_draft(target, root / "draft", noise=0.03)
+    make_random_pair.write_head(root / "head", target, 2)
+    return target, make_draft(target, root / "draft", noise=0.03), root / "head"
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +71,10 @@ def pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tp_server(tmp_path_factory, pair):
-    target, draft = pair
+    target, draft, head = pair
     yield from launch(tmp_path_factory, {
         "SPECDEC_TARGET_MODEL": str(target), "SPECDEC_DRAFT_MODEL": str(draft),
+        "SPECDEC_EAGLE_HEAD": str(head),
         "SPECDEC_TENSOR_PARALLEL": "2", "SPECDEC_MAX_SEQUENCES": str(len(PROMPTS)),
         "SPECDEC_MAX_SEQ_LEN": str(MAX_LEN), "SPECDEC_DRAFT_TIMEOUT_S": "600",
         "SPECDEC_HEALTH_INTERVAL_S": "0.5"})
@@ -79,8 +89,9 @@ def texts(server, params: GenerationParams, prompts=PROMPTS) -> list[str]:
     return [r.text for r in results(server, params, prompts)]
 
 
-def greedy(k: int, tokens: int = TOKENS) -> GenerationParams:
-    return GenerationParams(max_tokens=tokens, temperature=0.0, num_draft_tokens=k)
+def greedy(k: int, tokens: int = TOKENS, proposer: str = "draft") -> GenerationParams:
+    return GenerationParams(max_tokens=tokens, temperature=0.0, num_draft_tokens=k,
+                            proposer=proposer)
 
 
 def degree_one(target: Path) -> list[str]:
@@ -107,8 +118,15 @@ def test_degree_two_equals_degree_one_and_speculation_equals_target_only(tp_serv
     assert [r.text for r in spec] == [r.text for r in two]
     accepted = sum(r.total_accepted_draft_tokens for r in spec)
     assert 0 < accepted < sum(r.total_draft_tokens for r in spec)   # rounds accept and reject
-    seeded = GenerationParams(max_tokens=32, temperature=0.8, seed=11, num_draft_tokens=4)
-    assert texts(tp_server, seeded, PROMPTS[:4]) == texts(tp_server, seeded, PROMPTS[:4])
+    eagle = results(tp_server, greedy(4, proposer="eagle"), PROMPTS[:2])
+    assert [r.text for r in eagle] == [r.text for r in two[:2]]
+    assert all(r.total_draft_tokens > 0 for r in eagle)
+    # A sampled draft's q goes to rank 1 with its verification: the draft model's from the
+    # draft_model process, the head's from rank 0's engine.
+    for proposer, n in (("draft", 4), ("eagle", 2)):
+        seeded = GenerationParams(max_tokens=24, temperature=0.8, seed=11, num_draft_tokens=4,
+                                  proposer=proposer)
+        assert texts(tp_server, seeded, PROMPTS[:n]) == texts(tp_server, seeded, PROMPTS[:n])
 
 
 def rank_one(server) -> int:
