@@ -9,6 +9,7 @@ one-hot q: accepted with probability p(d), corrected from p without d. Their pro
 lookup proposes, and were picked so the random target agrees with the proposals a third to a
 half of the time (a greedy draft: a fifth): neither the accept nor the reject path is idle.
 """
+import functools
 import itertools
 
 import pytest
@@ -42,25 +43,30 @@ def exact_distribution(path, params: SamplingParams, prompt=PROMPT,
                        length=LENGTH) -> dict[tuple, float]:
     """P(x1 .. x_length | prompt) under the model with HF's own temperature/top-k/top-p
     warpers."""
+    return _exact_distribution(path, params, tuple(prompt), length)
+
+
+@functools.cache   # the same references recur across parametrizations and modules
+def _exact_distribution(path, params: SamplingParams, prompt: tuple[int, ...],
+                        length: int) -> dict[tuple, float]:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
     warpers = [transformers.TemperatureLogitsWarper(params.temperature)]
     if params.top_k:
         warpers.append(transformers.TopKLogitsWarper(params.top_k))
     if params.top_p < 1:
         warpers.append(transformers.TopPLogitsWarper(params.top_p))
-    dist = {}
-    for seq in itertools.product(range(V), repeat=length):
-        ids = torch.tensor([prompt + list(seq)])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(prompt) - 1: -1]
-        prob = 1.0
-        for pos, tok in enumerate(seq):
-            scores = logits[pos][None]
-            for w in warpers:
-                scores = w(ids[:, : len(prompt) + pos], scores)
-            prob *= torch.softmax(scores, -1)[0, tok].item()
-        dist[seq] = prob
-    return dist
+    # Every continuation in one batch: V**length rows, each warped row by row as in a loop.
+    seqs = list(itertools.product(range(V), repeat=length))
+    ids = torch.tensor([list(prompt) + list(seq) for seq in seqs])   # [V**length, P + length]
+    with torch.no_grad():
+        logits = model(ids).logits[:, len(prompt) - 1: -1]            # [V**length, length, V]
+    prob = torch.ones(len(seqs), dtype=torch.float64)
+    for pos in range(length):
+        scores = logits[:, pos]
+        for w in warpers:
+            scores = w(ids[:, : len(prompt) + pos], scores)
+        prob *= torch.softmax(scores, -1).gather(1, ids[:, len(prompt) + pos, None])[:, 0]
+    return dict(zip(seqs, prob.tolist()))
 
 
 def chi_square_p(counts: dict, dist: dict) -> float:
