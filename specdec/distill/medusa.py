@@ -115,6 +115,49 @@ def new_heads(model: Transformer, heads: int, layers: int, seed: int = 0) -> Med
     return head
 
 
+class Trainer:
+    """The heads' training state: the heads, their optimizer, the frozen target (its engine's
+    KV pool holds the teacher's rows) and each head's KL at the last step."""
+
+    def __init__(self, target: Engine, head: MedusaHead, lr: float):
+        self.target, self.head = target, head
+        self.chunk = train.chunk_tokens(target.model.args.vocab_size)
+        self.opt = train.optimizer(head, lr)
+        self.last_heads: list[float] = []
+
+    def step(self, tokens: torch.Tensor, lengths: torch.Tensor, lr: float) -> float:
+        device = self.target.device
+
+        def loss():
+            hidden = train.teacher_hidden(self.target, tokens.to(device), lengths)
+            # float32 on the CPU: its bf16 matmuls are emulated where it has no AVX-512 BF16
+            # (the heads' [V, H] products took 40x longer than in float32 on our CI machines)
+            with torch.autocast(device.type, enabled=device.type == "cuda"):
+                value, self.last_heads = medusa_loss(self.head, self.target.model, hidden,
+                                                     lengths.to(device), self.chunk)
+            return value
+        self.head.train()
+        return train.step(self.head, self.opt, loss, lr)
+
+
+def train_heads(target: Engine, sequences: list[list[int]], steps: int, *, heads: int = 4,
+                layers: int = 1, batch: int = 8, lr: float = 1e-2, warmup: int = 5,
+                seed: int = 0) -> MedusaHead:
+    """Heads trained for `steps` steps on `sequences` (token lists the target wrote), `batch`
+    of them per step: the run's core without its data, checkpoints or measurement (tests).
+    `target` needs `batch` slots as long as the longest sequence."""
+    lengths = torch.tensor([len(s) for s in sequences])
+    rows = torch.zeros(len(sequences), int(lengths.max()), dtype=torch.int64)
+    for i, s in enumerate(sequences):
+        rows[i, : len(s)] = torch.tensor(s)
+    ds = data.Data(rows, lengths, torch.zeros(0, dtype=torch.int64), [], {})
+    trainer = Trainer(target, new_heads(target.model, heads, layers, seed), lr)
+    for i in range(steps):
+        tokens, lens = data.step_batch(ds, i, seed, batch, rows.shape[1], batch)
+        trainer.step(tokens, lens, lr * train.lr_scale(i, steps, warmup))
+    return trainer.head.eval().requires_grad_(False)
+
+
 def medusa_loss(head: MedusaHead, model: Transformer, hidden: torch.Tensor,
                 lengths: torch.Tensor, chunk: int) -> tuple[torch.Tensor, list[float]]:
     """(sum_i 0.8^i KL_i / sum_i 0.8^i, [KL_i]): KL_i the mean over positions t of right-padded
@@ -215,10 +258,8 @@ def measure_heads(target: Engine, head: MedusaHead, prompts: list[list[int]],
 
 def run(args, t_args: ModelArgs, t_cfg: dict, target: Engine, ds: data.Data, work: Path,
         bar, device: torch.device, started: float) -> int:
-    model = target.model
-    head = new_heads(model, args.medusa_heads, args.medusa_layers, args.seed)
-    opt = train.optimizer(head, args.lr)
-    chunk = train.chunk_tokens(t_args.vocab_size)
+    head = new_heads(target.model, args.medusa_heads, args.medusa_layers, args.seed)
+    trainer = Trainer(target, head, args.lr)
     trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
     save_dtype = draft.save_dtype(t_cfg)
 
@@ -230,24 +271,17 @@ def run(args, t_args: ModelArgs, t_cfg: dict, target: Engine, ds: data.Data, wor
     by_step: list[list[float]] = []   # each step's KL by head
 
     def step(tokens, lengths, lr: float) -> float:
-        def loss():
-            hidden = train.teacher_hidden(target, tokens.to(device), lengths)
-            # float32 on the CPU: its bf16 matmuls are emulated where it has no AVX-512 BF16
-            # (the heads' [V, H] products took 40x longer than in float32 on our CI machines)
-            with torch.autocast(device.type, enabled=device.type == "cuda"):
-                value, per_head = medusa_loss(head, model, hidden, lengths.to(device), chunk)
-            by_step.append(per_head)
-            return value
-        head.train()
-        return train.step(head, opt, loss, lr)
+        loss = trainer.step(tokens, lengths, lr)
+        by_step.append(trainer.last_heads)
+        return loss
 
     def head_losses() -> dict:
         out = {"loss_by_head": [round(sum(col) / len(col), 4) for col in zip(*by_step)]}
         by_step.clear()
         return out
 
-    history, final = train.run(args, ds, work, bar, target.cache.num_slots, head, opt, step,
-                               evaluate, "heads", head_losses)
+    history, final = train.run(args, ds, work, bar, target.cache.num_slots, head, trainer.opt,
+                               step, evaluate, "heads", head_losses)
     result = build_report(args=args, target=t_args, trainable=trainable, device=device,
                           sources=ds.sources, history=history, final=final,
                           seconds=sum(h["seconds"] for h in history))
