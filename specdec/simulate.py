@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .records import Proposer
+
 FORMAT = "specdec-simulated-costs/1"
 ENV = "SPECDEC_SIMULATE"
 SCALE_ENV = "SPECDEC_SIMULATE_SCALE"   # every time x this: a slower device, where the CPU's
@@ -219,6 +221,10 @@ def pad(engine, table: CostTable, role: str):
     if role == "target" and head and not table.has("head_verify_ms"):
         raise TableError(f"{table.source}: no head_verify_ms, so it cannot simulate an EAGLE-3 "
                          f"head's drafting")
+    colocated = getattr(engine, "drafters", {}).get(Proposer.DRAFT) if role == "target" else None
+    if colocated is not None and not table.has("propose_ms"):
+        raise TableError(f"{table.source}: no propose_ms, so it cannot simulate the draft model "
+                         f"drafting in the target's process")
     stats = SimStats()
     engine.simulated = stats
     if role == "draft":
@@ -236,16 +242,23 @@ def pad(engine, table: CostTable, role: str):
         return engine
 
     real = engine.verify
+    # A draft model in the target's process drafts inside the verification: its calls are
+    # padded as draft_model's are (it sleeps them out there), and the verification lasts its
+    # own time on top of theirs.
+    inner = pad(colocated.engine, table, "draft").simulated if colocated is not None else None
 
     def verify(calls):
         t0 = time.perf_counter()
+        drafted_before = inner.simulated_s if inner is not None else 0.0
         out = real(calls)
         ok = [(c, r) for c, r in zip(calls, out) if not isinstance(r, Exception)]
         s = table.seconds(VERIFY, len(ok), max((len(c.tokens) for c, _ in ok), default=0),
                           max((r.batch_k for _, r in ok), default=0))
-        drafting = [r for c, r in ok if c.next_k is not None]
+        drafting = [r for c, r in ok if c.next_k is not None and c.next_by == Proposer.EAGLE]
         if head and drafting:
-            s += table.seconds(HEAD, len(drafting), 1, max(r.head_steps for r in drafting))
+            s += table.seconds(HEAD, len(drafting), 1, max(r.steps for r in drafting))
+        if inner is not None:
+            s += inner.simulated_s - drafted_before
         _finish(stats, t0, s, VERIFY)
         return out
     engine.verify = verify

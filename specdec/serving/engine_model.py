@@ -12,12 +12,13 @@ from .. import names, simulate
 from ..config import ModelArgs
 from ..eagle.checkpoint import check_verifier
 from ..engine import Engine
-from ..records import Proposal, Verdict
+from ..records import Proposal, Proposer, Verdict
 from . import calls, faults
 from .adapter import error_response, parameters, read_inputs
 from .checks import check_one_instance, say
 from .dlpack import read_torch, torch_output
-from .settings import EngineSettings, check_device
+from .drafters import attach
+from .settings import EngineSettings, InTargetSettings, check_device
 from .tokenizer import check_draft_tokenizer
 
 _COMMON = (names.CALL, names.SAMPLING, names.TOKENS)
@@ -29,12 +30,18 @@ class _EngineModel:
 
     def __init__(self, pb, model_config: dict):
         self.pb = pb
-        s = EngineSettings.parse(parameters(model_config), self.role)
+        params = parameters(model_config)
+        s = EngineSettings.parse(params, self.role)
         self.settings = s
+        it = InTargetSettings.parse(params)
+        # A draft placed in target_model's process: checked here too, loaded there.
+        self.colocated = self.role == "draft" and it.draft_in_target and not s.disabled
         check_one_instance(model_config, f"{self.role}_model")
         self.faults = faults.Injector(faults.parse(s.fault))   # tests only; none by default
-        self._slot_gauges(pb, 0 if s.disabled else s.max_sequences)
-        if s.disabled:   # served without a draft: nothing to load, nothing will call it
+        self._slot_gauges(pb, 0 if s.disabled or self.colocated else s.max_sequences)
+        if self.colocated:
+            self.check_pair(s, ModelArgs.from_dir(s.target_model_path).vocab_size)
+        if s.disabled or self.colocated:   # nothing to load, nothing will call it
             self.engine = None
             return
         if s.torch_device().type == "cpu":
@@ -59,9 +66,13 @@ class _EngineModel:
         else:
             self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
                                       device, **options)
-        if s.eagle_fault:   # tests only: the head fails inside a verification that stands
+        if self.role == "target":
+            for line in attach(self.engine, s, it, params, device, dtype):
+                say(f"{self.role}_model", line)
+        self._show_slots()
+        if s.eagle_fault:   # tests only: an in-target drafter fails in a verification that stands
             head_faults = faults.Injector(faults.parse(s.eagle_fault))
-            self.engine.head_fault = lambda: head_faults.before(1)[0]
+            self.engine.drafter_fault = lambda: head_faults.before(1)[0]
         # Benchmarks only: calls padded to a device's cost table (simulate.py), said loudly.
         self.engine = simulate.from_env(self.engine, self.role)
 
@@ -79,27 +90,44 @@ class _EngineModel:
         self.slots_family = pb.MetricFamily(
             name="specdec_kv_slots_used", description="KV cache slots holding a sequence",
             kind=pb.MetricFamily.GAUGE)
-        self.slots_used = self.slots_family.Metric(labels={"model": f"{self.role}_model"})
         self.slots_total_family = pb.MetricFamily(
             name="specdec_kv_slots_total", description="KV cache slots (max_sequences)",
             kind=pb.MetricFamily.GAUGE)
         self.slots_total = self.slots_total_family.Metric(labels={"model": f"{self.role}_model"})
         self.slots_total.set(total)
+        self.slots_used = self.slots_family.Metric(labels={"model": f"{self.role}_model"})
         self.slots_used.set(0)   # a restarted model takes over its dead predecessor's series
-        self.slots_shown = 0
+        self.shown: list[list] = []   # [slot pool, its used gauge, the count it shows]
+
+    def _show_slots(self) -> None:
+        """The target's pool, and a draft model's placed in this process (drafters.py): that
+        one as draft_model's, where placement="target" tells it from draft_model's own."""
+        self.shown.append([self.engine.pool, self.slots_used, 0])
+        draft = self.engine.drafters.get(Proposer.DRAFT)
+        if draft is not None:
+            labels = {"model": "draft_model", "placement": "target"}
+            self.draft_total = self.slots_total_family.Metric(labels=labels)
+            self.draft_total.set(draft.engine.pool.num_slots)
+            used = self.slots_family.Metric(labels=labels)
+            used.set(0)
+            self.shown.append([draft.engine.pool, used, 0])
 
     def execute(self, requests) -> list:
         if self.engine is None:
-            error = RuntimeError(f"{self.role}_model is disabled ($SPECDEC_DRAFT_MODEL=none)")
-            return [error_response(self.pb, error) for _ in requests]
+            why = ("its draft runs in target_model ($SPECDEC_DRAFT_PLACEMENT)" if self.colocated
+                   else "$SPECDEC_DRAFT_MODEL=none")
+            return [error_response(self.pb, RuntimeError(f"{self.role}_model is disabled: {why}"))
+                    for _ in requests]
         try:
             return self._execute(requests)
         finally:
             # Only on change: a metric update is a round trip to the server process, and one
             # that a kill -9 interrupts takes tritonserver down with it (docs/reliability.md).
-            if self.engine.pool.active != self.slots_shown:
-                self.slots_shown = self.engine.pool.active
-                self.slots_used.set(self.slots_shown)
+            for shown in self.shown:
+                pool, gauge, count = shown
+                if pool.active != count:
+                    shown[2] = pool.active
+                    gauge.set(pool.active)
 
     def _execute(self, requests) -> list:
         pb = self.pb

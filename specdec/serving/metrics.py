@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..records import DRAFTING, Failure, Finish, Off, Proposer, Round, Stats
+from ..records import DRAFTING, IN_TARGET, Failure, Finish, Off, Proposer, Round, Stats
 from . import probe
 
 _LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
@@ -24,8 +24,10 @@ FLUSH_EVERY_S = 1.0
 
 
 class Metrics:
-    def __init__(self, pb, model: str, max_draft_tokens: int, estimates=None):
-        """estimates: () -> policy.Estimates, the live figures the policy decides on."""
+    def __init__(self, pb, model: str, max_draft_tokens: int, estimates=None,
+                 in_target: tuple[Proposer, ...] = IN_TARGET):
+        """estimates: () -> policy.Estimates, the live figures the policy decides on;
+        in_target: the proposers drafting inside target_model's call (settings.in_target)."""
         kinds = pb.MetricFamily
         labels = {"model": model}
         # Triton requires each MetricFamily to outlive its metrics: all are kept here.
@@ -55,18 +57,21 @@ class Metrics:
                                            "Proposed tokens accepted by the target")
         self.rounds = counter("specdec_rounds_total", "Propose/verify rounds (target passes)")
         # A round is one target call, and one draft_model call before it when the draft model
-        # proposes; the head (eagle) drafts inside the target's call. By the round's proposer
-        # ("none": the round drafted nothing).
+        # proposes from there; a drafter in target_model (a head, a draft model placed there)
+        # drafts inside the target's call. By the round's proposer ("none": the round drafted
+        # nothing) and where it drafts (placement: one value per proposer on a server).
         calls = family("specdec_bls_calls_total",
                        "BLS calls to draft_model and target_model, by the round's proposer",
                        kinds.COUNTER)
         per_round = family("specdec_bls_calls_per_round",
                            "BLS calls per round since start, by the round's proposer",
                            kinds.GAUGE)
-        self.calls = {p: calls.Metric(labels={**labels, "proposer": p})
-                      for p in DRAFTING + ("none",)}
-        self.calls_per_round = {p: per_round.Metric(labels={**labels, "proposer": p})
-                                for p in DRAFTING + ("none",)}
+        self.placement = {p: placement(p, in_target) for p in DRAFTING + ("none",)}
+        self.calls = {p: calls.Metric(labels={**labels, "proposer": p, "placement": where})
+                      for p, where in self.placement.items()}
+        self.calls_per_round = {p: per_round.Metric(labels={**labels, "proposer": p,
+                                                            "placement": where})
+                                for p, where in self.placement.items()}
         self._calls_seen = {p: [0, 0] for p in DRAFTING + ("none",)}   # calls, rounds
         self.output_tokens = counter("specdec_output_tokens_total", "Tokens returned to clients")
         requests = family("specdec_requests_total", "Finished requests by finish reason",
@@ -151,14 +156,14 @@ class Metrics:
         self._count(self.rounds, 1)
         drafted = r.k > 0 or r.failure is not None
         label = r.proposer if drafted else "none"
-        calls = 1 + (drafted and r.proposer == Proposer.DRAFT)
+        calls = 1 + (drafted and self.placement[label] == DRAFT_MODEL)
         self._count(self.calls[label], calls)
         seen = self._calls_seen[label]
         seen[0], seen[1] = seen[0] + calls, seen[1] + 1
         if r.failure:
             self._count(self.draft_failures[r.failure], 1)
-        if r.head_failure:
-            self._count(self.draft_failures[r.head_failure], 1)
+        if r.in_target_failure:
+            self._count(self.draft_failures[r.in_target_failure], 1)
         if r.limit and r.k:
             self.chosen_k.observe(r.k)
         elif r.limit and r.reason:
@@ -194,6 +199,17 @@ class Metrics:
         if stats is not None and stats.total_draft_tokens:
             self.acceptance_rate.observe(stats.acceptance_rate)
         self.flush()
+
+
+DRAFT_MODEL = "draft_model"
+
+
+def placement(proposer: str, in_target: tuple[Proposer, ...]) -> str:
+    """Where a proposer drafts: "target" (inside target_model's verification), "draft_model"
+    (a call of its own), "orchestrator" (prompt lookup); "none" for rounds that drafted none."""
+    if proposer in in_target:
+        return "target"
+    return {Proposer.DRAFT: DRAFT_MODEL, Proposer.NGRAM: "orchestrator"}.get(proposer, "none")
 
 
 def is_probe(request) -> bool:

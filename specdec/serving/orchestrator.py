@@ -42,14 +42,15 @@ class Orchestrator:
     def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], vocab_size: int,
                  drafter, verifier, metrics: Metrics):
         self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
-        self.drafter = drafter if settings.has_draft else None
+        # A draft model in target_model's process drafts there (in_target.py): no call here.
+        self.drafter = drafter if settings.has_draft and not settings.draft_in_target else None
         self.verifier = verifier
         # Prompt lookup runs here, where the committed tokens are: a lookup costs microseconds,
         # a BLS call milliseconds (docs/benchmarks.md).
         self.ngram = NgramProposer(settings.ngram_max_n, settings.ngram_min_n)
         self.metrics = metrics
         self.planner = Planner(settings.max_draft_tokens, settings.load_cap,
-                               proposers=settings.proposers)
+                               proposers=settings.proposers, in_target=settings.in_target)
         metrics.estimates = self.planner.estimates
         self.slots = asyncio.Semaphore(settings.max_sequences)
         self.running: set[int] = set()     # generations under way
@@ -108,7 +109,7 @@ class Orchestrator:
                                 self.settings.max_seq_len, emit,
                                 lambda: gid in self.cancelled or request.is_cancelled(),
                                 self.metrics.round, policy, self.settings.draft_timeout_s,
-                                self.ngram, self.settings.has_head)
+                                self.ngram, self.settings.in_target)
             finally:
                 self.running.discard(gid)
                 self.cancelled.discard(gid)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..records import Proposer
+from ..records import IN_TARGET, Proposer
 from . import faults
 
 if TYPE_CHECKING:
@@ -122,6 +122,44 @@ def model_paths(params: dict) -> ModelPaths:
     head = got["head"][0] or ""
     return ModelPaths(target, draft, "" if head == NO_DRAFT else head,
                       got["tokenizer"][0] or target, reason)
+
+
+PLACEMENTS = ("auto", "target", "separate")
+
+
+@dataclass(frozen=True)
+class InTargetSettings:
+    """What drafts inside target_model's process (specdec/in_target.py); target_model,
+    draft_model and the orchestrator read it alike, so they agree on where the draft runs.
+
+    draft_placement: target: the draft model's weights in target_model's process, drafting
+    inside each verification (one call a round); separate: in draft_model (two calls a round),
+    the placement for a draft on a device of its own or the CPU beside a GPU target; auto:
+    separate where $SPECDEC_DRAFT_DEVICE names a device of its own or the target is sharded
+    ($SPECDEC_TENSOR_PARALLEL > 1), else target."""
+    draft_placement: str = "auto"
+    self_skip: str = ""           # target layers SWIFT skips (swift.py), e.g. "3,5,7-9"; "": off
+    medusa_heads_path: str = ""   # Medusa-1 heads (medusa/); "": none
+
+    @classmethod
+    def parse(cls, params: dict) -> "InTargetSettings":
+        s = _parse(cls, params, {"medusa_heads_path": ENV_PREFIX + "MEDUSA_HEADS"})
+        if s.draft_placement not in PLACEMENTS:
+            raise SettingsError(f"draft_placement {s.draft_placement!r}: expected "
+                                f"{', '.join(PLACEMENTS)}")
+        if s.draft_placement == "auto":
+            own, _ = _lookup(params, "draft_device", ENV_PREFIX + "DRAFT_DEVICE")
+            degree, _ = _lookup(params, "tensor_parallel", ENV_PREFIX + "TENSOR_PARALLEL")
+            devices, _ = _lookup(params, "target_devices", ENV_PREFIX + "TARGET_DEVICES")
+            sharded = int(degree or 1) > 1 or len((devices or "").split(",")) > 1
+            apart = (own or "auto") != "auto" and own != (devices or "").split(",")[0]
+            s = cls("separate" if sharded or apart else "target", s.self_skip,
+                    s.medusa_heads_path)
+        return s
+
+    @property
+    def draft_in_target(self) -> bool:
+        return self.draft_placement == "target"
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -306,6 +344,9 @@ class OrchestratorSettings:
     ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
     ngram_min_n: int = 2
     draft_reason: str = field(default="", compare=False)   # model_paths': for the start line
+    # What target_model drafts with in its own process; the default is auto's placement for an
+    # unsharded target without a draft device of its own.
+    drafters: InTargetSettings = InTargetSettings("target")
 
     @property
     def has_draft(self) -> bool:
@@ -316,10 +357,31 @@ class OrchestratorSettings:
         return self.eagle_head_path not in ("", NO_DRAFT)
 
     @property
+    def has_self(self) -> bool:
+        return bool(self.drafters.self_skip)
+
+    @property
+    def has_medusa(self) -> bool:
+        return bool(self.drafters.medusa_heads_path)
+
+    @property
+    def draft_in_target(self) -> bool:
+        return self.has_draft and self.drafters.draft_in_target
+
+    @property
     def proposers(self) -> tuple[Proposer, ...]:
         """What this server drafts with."""
-        return ((Proposer.DRAFT,) if self.has_draft else ()) + (Proposer.NGRAM,) + \
-            ((Proposer.EAGLE,) if self.has_head else ())
+        has = {Proposer.DRAFT: self.has_draft, Proposer.NGRAM: True,
+               Proposer.EAGLE: self.has_head, Proposer.SELF: self.has_self,
+               Proposer.MEDUSA: self.has_medusa}
+        return tuple(p for p, ok in has.items() if ok)
+
+    @property
+    def in_target(self) -> tuple[Proposer, ...]:
+        """The proposers target_model drafts with in its own process (in_target.py), the draft
+        model among them where it is placed there."""
+        return tuple(p for p in self.proposers if p in IN_TARGET or
+                     (p == Proposer.DRAFT and self.draft_in_target))
 
     def missing(self, proposer: str) -> str | None:
         """What a request's (or the default) proposer needs that this server lacks, or None."""
@@ -327,26 +389,40 @@ class OrchestratorSettings:
             return f"a draft model, and $SPECDEC_DRAFT_MODEL is {NO_DRAFT!r}"
         if proposer == Proposer.EAGLE and not self.has_head:
             return "an EAGLE-3 head, and $SPECDEC_EAGLE_HEAD is not set"
-        if proposer == Proposer.HYBRID and not (self.has_draft or self.has_head):
-            return "a draft model or an EAGLE-3 head, and this server has neither"
+        if proposer == Proposer.SELF and not self.has_self:
+            return "layers to skip, and $SPECDEC_SELF_SKIP is not set"
+        if proposer == Proposer.MEDUSA and not self.has_medusa:
+            return "Medusa heads, and $SPECDEC_MEDUSA_HEADS is not set"
+        if proposer == Proposer.HYBRID and self.proposers == (Proposer.NGRAM,):
+            return ("a draft model, an EAGLE-3 head, Medusa heads or layers to skip, and this "
+                    "server has none")
         return None
 
     @property
     def proposer(self) -> Proposer:
         """What a request that names none drafts with. With a head, the head alone: it measured
         above hybrid (lookup, head and draft model chosen per round) on held-out, out-of-domain
-        and repeating prompts at 1 and 16 streams (docs/benchmarks.md, 2026-11-24)."""
+        and repeating prompts at 1 and 16 streams (docs/benchmarks.md, 2026-11-24). Medusa heads
+        or skipped layers, set by an operator, are what the operator asked for; else hybrid."""
         if self.default_proposer:
             return Proposer(self.default_proposer)
-        return Proposer.EAGLE if self.has_head else \
-            Proposer.HYBRID if self.has_draft else Proposer.NGRAM
+        for p in (Proposer.EAGLE, Proposer.MEDUSA, Proposer.SELF):
+            if p in self.proposers:
+                return p
+        return Proposer.HYBRID if self.has_draft else Proposer.NGRAM
 
     def start_line(self) -> str:
-        """One line for the log at start: what this server drafts with, and why."""
-        parts = [f"draft model {self.draft_model_path}" if self.has_draft else "no draft model",
+        """One line for the log at start: what this server drafts with, where, and why."""
+        where = "target_model's process" if self.draft_in_target else "draft_model"
+        parts = [f"draft model {self.draft_model_path} in {where} (draft_placement "
+                 f"{self.drafters.draft_placement})" if self.has_draft else "no draft model",
                  "prompt lookup"]
         if self.has_head:
             parts.append(f"EAGLE-3 head {self.eagle_head_path}")
+        if self.has_medusa:
+            parts.append(f"Medusa heads {self.drafters.medusa_heads_path}")
+        if self.has_self:
+            parts.append(f"the target skipping layers {self.drafters.self_skip}")
         return (f"proposers {', '.join(self.proposers)} ({'; '.join(parts)}; draft: "
                 f"{self.draft_reason or 'given'}); requests that name none use "
                 f"'{self.proposer}'")
@@ -359,10 +435,11 @@ class OrchestratorSettings:
     def parse(cls, params: dict) -> "OrchestratorSettings":
         paths = model_paths(params)
         s = _parse(cls, params, skip=("target_model_path", "draft_model_path", "eagle_head_path",
-                                      "draft_reason"))
+                                      "draft_reason", "drafters"))
         s = cls(**{**s.__dict__, "target_model_path": paths.target,
                    "draft_model_path": paths.draft, "eagle_head_path": paths.head,
-                   "draft_reason": paths.draft_reason})
+                   "draft_reason": paths.draft_reason,
+                   "drafters": InTargetSettings.parse(params)})
         if not -1 <= s.default_num_draft_tokens <= s.max_draft_tokens:
             raise SettingsError("default_num_draft_tokens must be -1 (auto) or within "
                                 "0..max_draft_tokens")

@@ -100,8 +100,10 @@ def test_defaults_come_from_config_pbtxt(pipeline):
     s = models["speculative_decoding"].orchestrator.settings
     assert (s.max_seq_len, s.max_sequences) == (64, 3)             # from the environment
     assert (s.default_max_tokens, s.max_draft_tokens) == (64, 8)   # from config.pbtxt
-    for name in ("draft_model", "target_model"):
-        engine = models[name].model.engine
+    target = models["target_model"].model.engine
+    # auto placement: the draft in target_model's process, draft_model loading nothing.
+    assert models["draft_model"].model.engine is None
+    for engine in (target, target.drafters["draft"].engine):
         assert (engine.max_len, engine.pool.num_slots) == (64, 3)
 
 
@@ -180,7 +182,8 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     (verify,) = fake_pb.metrics("specdec_round_cost_seconds", model="speculative_decoding",
                                 part="verify_call")
     assert 0 < a1.value() < 1 and verify.value() > 0
-    for model in ("draft_model", "target_model"):
-        (used,) = fake_pb.metrics("specdec_kv_slots_used", model=model)
-        (total,) = fake_pb.metrics("specdec_kv_slots_total", model=model)
+    # The draft's slots in target_model's process (auto placement) are shown as draft_model's.
+    for labels in ({"model": "draft_model", "placement": "target"}, {"model": "target_model"}):
+        (used,) = fake_pb.metrics("specdec_kv_slots_used", **labels)
+        (total,) = fake_pb.metrics("specdec_kv_slots_total", **labels)
         assert max(used.history) >= 1 and used.value() == 0 and total.value() == 3

@@ -239,7 +239,8 @@ def test_proposer_defaults_to_the_head_else_hybrid_with_a_draft_else_lookup():
      "proposer: 'draft' needs a draft model, and $SPECDEC_DRAFT_MODEL is 'none'; this server "
      "drafts with ngram"),
     ("hybrid", OrchestratorSettings(draft_model_path="none"),
-     "proposer: 'hybrid' needs a draft model or an EAGLE-3 head, and this server has neither"),
+     "proposer: 'hybrid' needs a draft model, an EAGLE-3 head, Medusa heads or layers to skip, "
+     "and this server has none"),
     ("eagle", SETTINGS, "proposer: 'eagle' needs an EAGLE-3 head, and $SPECDEC_EAGLE_HEAD is not "
                         "set; this server drafts with draft, ngram"),
     ("draft", OrchestratorSettings(draft_model_path="none", eagle_head_path="/h"),

@@ -149,3 +149,42 @@ def test_table_data_is_not_shared():
     b = copy.deepcopy(a)
     simulate.parse_table(a)
     assert a == b    # parsing leaves the caller's object alone
+
+
+class VirtualClock:
+    """Compute takes no time, a sleep exactly its time: what a padded call costs, on any load."""
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_colocated_draft_is_padded_inside_the_verification(pair_dir, monkeypatch):
+    """The draft model in the target's process: its steps cost what draft_model's would, inside
+    the verification that drafts (one call a round), and the tokens are the separate pair's."""
+    from specdec.in_target import ColocatedDraft
+    from specdec.records import Proposer
+    clock = VirtualClock()
+    monkeypatch.setattr(simulate, "time", clock)
+    t = simulate.parse_table(table_data(step_ms=20.0))
+    apart, draft = engines(pair_dir, torch.float32, 4, 64)
+    target, inner = engines(pair_dir, torch.float32, 4, 64)
+    target.add_drafter(Proposer.DRAFT, ColocatedDraft(inner))
+    simulate.pad(target, t, "target")
+    reqs = [Request([1, 2, 3, 4], 12, 3, proposer=Proposer.DRAFT)]
+    got = generate(target, None, reqs)
+    assert [g[0] for g in got] == [w[0] for w in generate(apart, draft, reqs)]
+    ts, ds = target.simulated, inner.simulated
+    assert ts.by_kind == {simulate.VERIFY: ts.calls} and ds.by_kind[simulate.PROPOSE] > 0
+    # Each verification lasted its own time plus its draft's, in one call.
+    assert clock.now == pytest.approx(ts.simulated_s)
+    assert ts.simulated_s - ds.simulated_s >= ts.calls * t.seconds(simulate.VERIFY, 1, 1, 0)
+    data = table_data()
+    for row in data["batches"].values():
+        row.pop("propose_ms")
+    with pytest.raises(simulate.TableError, match="propose_ms"):
+        simulate.pad(target, simulate.parse_table(data), "target")

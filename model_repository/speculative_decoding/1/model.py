@@ -22,7 +22,8 @@ class TritonPythonModel:
         check_shared_sizes(settings, REPOSITORY)
         say(args["model_name"], settings.start_line())
         target = ModelArgs.from_dir(settings.target_model_path)
-        metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens)
+        metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens,
+                          in_target=settings.in_target)
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
                                          target.vocab_size, BlsDrafter(pb_utils),
                                          BlsVerifier(pb_utils), metrics)
