@@ -118,7 +118,23 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
+    """The default: the draft model in target_model's process (auto placement)."""
     yield from launch(tmp_path_factory)
+
+
+EAGLE_HEAD = ROOT / "models" / "default" / "eagle"   # the shipped head
+EAGLE_FAULTS = 3   # the head's first runs fail (test_eagle.py)
+
+
+@pytest.fixture(scope="session")
+def eagle_server(tmp_path_factory):
+    """The draft model in draft_model, a process of its own (two BLS calls a round), and the
+    shipped EAGLE-3 head in target_model, whose first runs fail by script: test_eagle.py's, and
+    test_placement.py's separate placement (drafting with the draft model only)."""
+    yield from launch(tmp_path_factory, {
+        "SPECDEC_EAGLE_HEAD": str(EAGLE_HEAD), "SPECDEC_MAX_SEQUENCES": "2",
+        "SPECDEC_EAGLE_FAULT": f"error*{EAGLE_FAULTS}", "SPECDEC_DRAFT_TIMEOUT_S": "600",
+        "SPECDEC_DRAFT_PLACEMENT": "separate"})
 
 
 def post(server: Server, path: str, body: dict) -> tuple[int, dict]:

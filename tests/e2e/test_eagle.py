@@ -1,5 +1,5 @@
 """A real tritonserver with an EAGLE-3 head in target_model (SPECDEC_EAGLE_HEAD) beside the draft
-model: the head's proposals come back with each verification, the output is the target's own,
+model in draft_model (conftest.eagle_server): the head's proposals come back with each verification, the output is the target's own,
 the served rounds are the in-process loop's, a round with the head is one BLS call (two with the
 draft model), and a head that fails costs only its proposals."""
 import pytest
@@ -12,23 +12,16 @@ from specdec.records import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process
 from tests.core.distill_helpers import DEFAULT_TARGET
-from tests.e2e.conftest import heldout_prompts, launch, wait_for
+from tests.e2e.conftest import EAGLE_FAULTS as FAULTS
+from tests.e2e.conftest import EAGLE_HEAD, heldout_prompts, wait_for
 
 PROMPTS = heldout_prompts(2)
-FAULTS = 3   # the head's first runs fail
 
 
 @pytest.fixture(scope="module")
 def head():
     """The shipped head: `specdec distill --method eagle3` on the default target, defaults."""
-    return DEFAULT_TARGET.parent / "eagle"
-
-
-@pytest.fixture(scope="module")
-def eagle_server(tmp_path_factory, head):
-    yield from launch(tmp_path_factory, {
-        "SPECDEC_EAGLE_HEAD": str(head), "SPECDEC_MAX_SEQUENCES": "2",
-        "SPECDEC_EAGLE_FAULT": f"error*{FAULTS}", "SPECDEC_DRAFT_TIMEOUT_S": "600"})
+    return EAGLE_HEAD
 
 
 def test_a_failing_head_costs_only_its_proposals(eagle_server):
@@ -49,8 +42,7 @@ def test_served_rounds_are_the_in_process_loops(eagle_server, head):
     target = Engine.load(str(DEFAULT_TARGET), 2, 128, torch.float32, cpu, head_path=str(head))
     eos = ModelArgs.from_dir(DEFAULT_TARGET).eos_token_ids
     local = generate_in_process(target, None, [
-        Request(tokenizer(p)["input_ids"], 32, 4, eos=eos, proposer="eagle") for p in PROMPTS],
-        head=True)
+        Request(tokenizer(p)["input_ids"], 32, 4, eos=eos, proposer="eagle") for p in PROMPTS])
     for prompt, (tokens, stats, _) in zip(PROMPTS, local):
         spec = generate(eagle_server.http, prompt, GenerationParams(
             max_tokens=32, temperature=0.0, num_draft_tokens=4, proposer="eagle"))
