@@ -81,13 +81,14 @@ class Rows:
         self.context = context
         nk = 1 if head else None
         prompts = [torch.randint(1, vocab, (context,), generator=gen).tolist() for _ in self.ids]
-        out = engine.verify([VerifyCall(s, 0, p, [], None, GREEDY, next_k=nk)
+        out = engine.verify([VerifyCall(s, 0, p, [], None, GREEDY, next_k=nk, next_by="eagle")
                              for s, p in zip(self.ids, prompts)])
         self.next = [v.tokens[0] for v in out]
         conts = [[] for _ in self.ids]
         last = list(self.next)
         for j in range(k_max):    # one token at a time: the continuation the drafts will be
-            out = engine.verify([VerifyCall(s, context + j, [t], [], None, GREEDY, next_k=nk)
+            out = engine.verify([VerifyCall(s, context + j, [t], [], None, GREEDY, next_k=nk,
+                                            next_by="eagle")
                                  for s, t in zip(self.ids, last)])
             last = [v.tokens[0] for v in out]
             for c, t in zip(conts, last):
@@ -96,7 +97,7 @@ class Rows:
 
     def verify(self, engine: Engine, k: int, next_k: int | None = None):
         return engine.verify([VerifyCall(s, self.context, [t], c[:k], None, GREEDY,
-                                         next_k=next_k)
+                                         next_k=next_k, next_by="eagle")
                               for s, t, c in zip(self.ids, self.next, self.conts)])
 
 

@@ -42,6 +42,7 @@ def prompts(n: int) -> list[list[int]]:
 
 
 def run(target: Engine, draft: Engine | None, reqs: list[Request], head: bool) -> list[list[int]]:
+    in_target = tuple(target.drafters) if head else ()
     drafter = LocalDrafter(draft) if draft else None
     verifier, ngram, planner = LocalVerifier(target), NgramProposer(), Planner(8)
 
@@ -49,7 +50,8 @@ def run(target: Engine, draft: Engine | None, reqs: list[Request], head: bool) -
         out, policy = [], open_policy(planner, req)
         try:
             await speculate(1000 + i, req, drafter, verifier, target.max_len,
-                            lambda c: out.extend(c.tokens), policy=policy, ngram=ngram, head=head)
+                            lambda c: out.extend(c.tokens), policy=policy, ngram=ngram,
+                            in_target=in_target)
         finally:
             planner.close(policy)
         return out

@@ -74,7 +74,8 @@ class Local:
                 try:
                     stats = await speculate(next(self.seq), req, self.drafter, self.verifier,
                                             self.max_seq_len, lambda c: None, policy=policy,
-                                            draft_timeout_s=2.0, ngram=self.ngram(), head=True)
+                                            draft_timeout_s=2.0, ngram=self.ngram(),
+                                            in_target=tuple(self.target.drafters))
                 finally:
                     self.planner.close(policy)
                 reqs.append((time.perf_counter() - t0, stats))

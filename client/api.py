@@ -50,7 +50,7 @@ INPUT_DATATYPES: dict[str, str] = {
     STOP_WORDS: "BYTES",
     PROPOSER: "BYTES",
 }
-PROPOSERS = ("draft", "ngram", "eagle", "hybrid")
+PROPOSERS = ("draft", "ngram", "eagle", "self", "medusa", "hybrid")
 
 FINISH_CANCELLED = "cancelled"
 DEFAULT_HTTP_URL = "localhost:8000"
@@ -106,8 +106,9 @@ class GenerationParams:
     is treated the same way because a zero-width tensor is not a valid input.
     ``num_draft_tokens=0`` asks for plain target decoding; ``None`` (or -1) lets
     the server choose the draft length per round. ``proposer`` drafts with the
-    draft model, prompt lookup (``ngram``), the server's EAGLE-3 head (``eagle``)
-    or any of those it has, per round (``hybrid``).
+    draft model, prompt lookup (``ngram``), the server's EAGLE-3 head (``eagle``),
+    the target with layers skipped (``self``), Medusa heads (``medusa``), or any of
+    those it has, per round (``hybrid``).
     """
 
     max_tokens: int | None = None

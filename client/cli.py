@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="K per round; 0 decodes with the target model only; default: the "
                         "server chooses per round")
     p.add_argument("--proposer", choices=PROPOSERS,
-                   help="draft with the draft model, prompt lookup, the EAGLE-3 head, or any "
-                        "of them per round; default: the server's")
+                   help="draft with the draft model, prompt lookup, the EAGLE-3 head, the "
+                        "target with layers skipped (self), Medusa heads, or any of them per "
+                        "round; default: the server's")
     p.add_argument("--stop-word", action="append", dest="stop_words", metavar="W",
                    help="stop generating at W (repeatable)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,

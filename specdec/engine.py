@@ -19,10 +19,11 @@ from .eagle.checkpoint import load_head
 from .eagle.drafting import HeadDrafter
 from .eagle.head import EagleHead
 from .graphs import GraphedForward
+from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
 from .model import Batch, Transformer
 from .parallel import Shard, layout, local_args
-from .records import Failure, Proposal, ProposeCall, SlotError, Verdict, VerifyCall
+from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import DRAFT, BatchSampling, probabilities, sample
 from .verify import verify as verify_drafts
 from .weights import load_model
@@ -49,13 +50,17 @@ class Engine:
         # ids it lacks (a target with more rows) as id 0: acceptance may suffer, output never.
         self.vocab_size = min(vocab_size or a.vocab_size, a.vocab_size)
         self.accepts_ids_below = max(vocab_size or a.vocab_size, a.vocab_size)
+        # Drafters in this process (in_target.py): the verification of round r drafts round
+        # r + 1. The q of each sequence's sampled proposal waits here for its verification.
+        self.drafters: dict[Proposer, InTargetDrafter] = {}
+        self.q: dict[int, torch.Tensor] = {}
+        self.drafter_fault = None   # tests: () -> an exception a drafter raises, or None
         self.head = None
-        self.head_fault = None   # tests: () -> an exception the head raises, or None
         if head is not None:   # before any CUDA graph: capture changes forward's output
-            model.capture = head.args.aux_layers
             head.flash = model.flash
             self.head = HeadDrafter(head, max_sequences, max_len, self.dtype, device,
                                     self.vocab_size)
+            self.add_drafter(Proposer.EAGLE, self.head)
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda"
         if cuda_graphs and device.type != "cuda":
@@ -68,6 +73,15 @@ class Engine:
                 self.head.graphed()
         self.pool = SlotPool(max_sequences)
 
+    def add_drafter(self, kind: Proposer, drafter: InTargetDrafter) -> None:
+        """One that reads captured layers comes before any CUDA graph (the constructor's head)."""
+        if drafter.capture:
+            if getattr(self, "graphs", None) is not None or self.model.capture:
+                raise ValueError(f"{kind}: a drafter reading the target's layers is added "
+                                 f"before CUDA graphs, and only one")
+            self.model.capture = drafter.capture
+        self.drafters[kind] = drafter
+
     @classmethod
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
              device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
@@ -79,12 +93,10 @@ class Engine:
         _check_fits(path, max_sequences, max_len, dtype, device, tp)
         if tp is None:
             model = load_model(path, dtype, device)
-        else:
-            if head_path:
-                raise CheckpointError(f"{head_path}: an EAGLE-3 head is not served at "
-                                      f"tensor-parallel degree {tp.world} yet (degree 1 only)")
+        else:   # an EAGLE-3 head drafts on rank 0 alone (parallel_engine.Leader)
+            head_path = head_path if tp.rank == 0 else None
             from .sharded_weights import load_shard
-            model = load_shard(path, dtype, device, tp)
+            model = load_shard(path, dtype, device, tp, head_path)
         a = model.args
         if max_len > a.max_position_embeddings:
             raise CheckpointError(f"{path}/config.json: max_seq_len {max_len} exceeds "
@@ -185,8 +197,8 @@ class Engine:
 
     @torch.inference_mode()
     def verify(self, calls: list[VerifyCall]) -> list[Verdict | SlotError]:
-        if self.head is not None:
-            calls = [self._head_drafts(c) for c in calls]
+        if self.drafters:
+            calls = [self.with_kept_q(c) for c in calls]
         slots, results, good = self._open(calls, [len(c.drafts) for c in calls])
         if not good:
             return results
@@ -197,7 +209,7 @@ class Engine:
                             self.cache, self.device)
         hidden = self._forward(batch)                                      # [B, T, D (+ A D)]
         d = self.model.args.hidden_size
-        features = hidden[..., d:] if self.head is not None else None     # [B, T, A D]
+        features = hidden[..., d:] if self.model.capture else None        # [B, T, A D]
         hidden = hidden[..., :d]
         # Score the last committed token and every draft: K+1 positions per row.
         base = torch.tensor([len(c.tokens) - 1 for c in cs], device=self.device)
@@ -221,64 +233,77 @@ class Engine:
                 elif k:
                     q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
         first = torch.tensor([c.start + len(c.tokens) for c in cs], device=self.device)
-        accepted, nxt_t = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s,
-                                        first)
-        accepted, nxt = accepted.tolist(), nxt_t.tolist()                  # the one sync
+        accepted_t, nxt_t = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s,
+                                          first)
+        accepted, nxt = accepted_t.tolist(), nxt_t.tolist()                # the one sync
         for b, (i, c) in enumerate(zip(good, cs)):
             m = accepted[b]
             self.pool.set_length(c.seq_id, c.start + len(c.tokens) + m)
             results[i] = Verdict(c.drafts[:m] + [nxt[b]], m, batch_k=k_max)
-        if features is not None:
-            self._draft_next(cs, [results[i] for i in good], features, batch, slots, nxt_t)
+            for drafter in self.drafters.values():
+                drafter.committed(c.seq_id, c.start, c.tokens + results[i].tokens)
+        if self.drafters:
+            scored = hidden[torch.arange(len(cs), device=self.device), accepted_t]    # [B, D]
+            self._draft_next(cs, [results[i] for i in good], scored, features, batch, slots,
+                             nxt_t)
         return results
 
-    def _head_drafts(self, c: VerifyCall) -> VerifyCall:
-        """The head's proposal verified with the q it was drawn from (kept here); a sampled
-        proposal whose q is gone (the engine restarted) is not verified at all: one-hot would
+    def with_kept_q(self, c: VerifyCall) -> VerifyCall:
+        """A proposal drafted here is verified with the q it was drawn from (kept here); a
+        sampled one whose q is gone (the engine restarted) is not verified at all: one-hot would
         not be exact for it."""
-        q = self.head.take_q(c.seq_id)
-        if not c.drafts_from_head or c.sampling.greedy or not c.drafts:
+        q = self.q.pop(c.seq_id, None)
+        if not c.drafts_in_target or c.sampling.greedy or not c.drafts:
             return c
         if q is None or len(q) < len(c.drafts):
             return replace(c, drafts=[], draft_probs=None)
         return replace(c, draft_probs=q[: len(c.drafts)])
 
-    def _draft_next(self, cs: list[VerifyCall], verdicts: list[Verdict], features: torch.Tensor,
-                    batch: Batch, slots: list[int], nxt: torch.Tensor) -> None:
-        """The head's catch-up and next proposal for the rows that use it. A failure costs the
+    def _draft_next(self, cs: list[VerifyCall], verdicts: list[Verdict], scored: torch.Tensor,
+                    features: torch.Tensor | None, batch: Batch, slots: list[int],
+                    nxt: torch.Tensor) -> None:
+        """Each in-target drafter's next proposal for the rows that ask it. A failure costs the
         proposal, never the verdict: the round's tokens stand."""
-        rows = [b for b, c in enumerate(cs) if c.next_k is not None]
-        if not rows:
-            return
+        for kind, drafter in self.drafters.items():
+            rows = [b for b, c in enumerate(cs) if c.next_k is not None and c.next_by == kind]
+            if rows:
+                self._draft_with(drafter, rows, cs, verdicts, scored, features, batch, slots, nxt)
+
+    def _draft_with(self, drafter: InTargetDrafter, rows: list[int], cs: list[VerifyCall],
+                    verdicts: list[Verdict], scored: torch.Tensor, features: torch.Tensor | None,
+                    batch: Batch, slots: list[int], nxt: torch.Tensor) -> None:
         t0 = time.perf_counter()
         sub = [cs[b] for b in rows]
         idx = torch.tensor(rows, device=self.device)
         ends = [c.start + len(c.tokens) + verdicts[b].num_accepted for b, c in zip(rows, sub)]
         # Never past the slot: the loop's next limit is below max_len - (end + 1) anyway.
         ks = [max(0, min(c.next_k, self.max_len - e - 1)) for c, e in zip(sub, ends)]
+        params = [c.sampling for c in sub]
         try:
-            fault = self.head_fault() if self.head_fault else None
+            fault = self.drafter_fault() if self.drafter_fault else None
             if fault is not None:
                 raise fault
-            proposals = self.head.draft(
-                [c.seq_id for c in sub], features[idx], batch.tokens[idx], [c.start for c in sub],
-                [slots[b] for b in rows], ends, nxt[idx], ks,
-                BatchSampling.stack([c.sampling for c in sub], self.device),
-                [c.sampling.greedy for c in sub])
+            proposals, q = drafter.draft(Verified(
+                [c.seq_id for c in sub], [c.start for c in sub], [slots[b] for b in rows], ends,
+                batch.tokens[idx], nxt[idx], scored[idx],
+                None if features is None else features[idx], ks, params,
+                BatchSampling.stack(params, self.device)))
             failure = None
-        except Exception:   # the head is an accelerator: this round drafts nothing
-            proposals, failure = [[] for _ in sub], Failure.ERROR
+        except Exception:   # a drafter is an accelerator: this round drafts nothing
+            proposals, q, failure = [[] for _ in sub], None, Failure.ERROR
         seconds = time.perf_counter() - t0
-        for b, tokens in zip(rows, proposals):
-            verdicts[b].proposal, verdicts[b].draft_s, verdicts[b].failure = \
-                tokens, seconds, failure
-            verdicts[b].head_steps = max(ks)
+        for j, (b, c, tokens) in enumerate(zip(rows, sub, proposals)):
+            v = verdicts[b]
+            v.proposal, v.draft_s, v.failure, v.steps = tokens, seconds, failure, max(ks)
+            if q is not None and tokens and not c.sampling.greedy:
+                self.q[c.seq_id] = q[j, : len(tokens)]
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             self.pool.release(seq_id)
-            if self.head is not None:
-                self.head.release(seq_id)
+            self.q.pop(seq_id, None)
+            for drafter in self.drafters.values():
+                drafter.release(seq_id)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

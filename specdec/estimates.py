@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .records import Proposer
+from .records import IN_TARGET, Proposer
 
 
 def expected_tokens(acceptance: list[float]) -> list[float]:
@@ -80,6 +80,8 @@ class PriorCosts:
     ngram_token: float = 0.000002
     eagle_call: float = 0.0004       # the head's catch-up, inside the verification's call
     eagle_token: float = 0.0004
+    medusa_token: float = 0.0001     # all heads at once, on one hidden state
+    self_token: float = 0.004        # the target with about half its layers skipped
 
 
 PRIOR = PriorCosts()
@@ -91,13 +93,21 @@ class Costs:
     propose: dict[Proposer, LinearFit]   # per proposer, x = k >= 1: one proposal
     verify: LinearFit               # x = k: one verification
     other: LinearFit                # x = 0: the loop's own time between calls
+    in_target: frozenset[Proposer] = frozenset(IN_TARGET)   # draft inside the verification
 
     @classmethod
-    def prior(cls, p: PriorCosts) -> "Costs":
-        return cls({Proposer.DRAFT: LinearFit((p.draft_call, p.draft_token)),
+    def prior(cls, p: PriorCosts, in_target: frozenset[Proposer] = frozenset(IN_TARGET)
+              ) -> "Costs":
+        """in_target: the proposers that draft inside the target's call; a draft model there
+        pays no call of its own (the head's catch-up prior stands for its feed)."""
+        draft_call = p.eagle_call if Proposer.DRAFT in in_target else p.draft_call
+        return cls({Proposer.DRAFT: LinearFit((draft_call, p.draft_token)),
                     Proposer.NGRAM: LinearFit((p.ngram_call, p.ngram_token)),
-                    Proposer.EAGLE: LinearFit((p.eagle_call, p.eagle_token))},
-                   LinearFit((p.verify_call, p.verify_token)), LinearFit((p.other, 0.0)))
+                    Proposer.EAGLE: LinearFit((p.eagle_call, p.eagle_token)),
+                    Proposer.MEDUSA: LinearFit((p.eagle_call, p.medusa_token)),
+                    Proposer.SELF: LinearFit((p.eagle_call, p.self_token))},
+                   LinearFit((p.verify_call, p.verify_token)), LinearFit((p.other, 0.0)),
+                   in_target)
 
     @property
     def observations(self) -> float:
@@ -114,15 +124,17 @@ class Costs:
 
     def round_s(self, proposer: Proposer | None, k: int) -> float:
         drafting = self.propose_s(proposer, k) if k else 0.0
-        if proposer == Proposer.EAGLE and k:
-            # The head catches up on every verification of a sequence that uses it, drafting
-            # or not (its cache must hold every position): only its steps are this choice's.
-            drafting -= self.propose_s(Proposer.EAGLE, 0)
+        if proposer in self.in_target and k:
+            # It drafts inside every verification of a sequence that uses it, and catches up
+            # there drafting or not (an EAGLE-3 head's cache must hold every position): only its
+            # steps are this choice's.
+            drafting -= self.propose_s(proposer, 0)
         return drafting + self.verify(k) + self.other(0)
 
 
 # Per position, before anything is measured.
-PRIOR_ACCEPTANCE = {Proposer.DRAFT: 0.6, Proposer.NGRAM: 0.5, Proposer.EAGLE: 0.6}
+PRIOR_ACCEPTANCE = {Proposer.DRAFT: 0.6, Proposer.NGRAM: 0.5, Proposer.EAGLE: 0.6,
+                    Proposer.MEDUSA: 0.5, Proposer.SELF: 0.6}
 PRIOR_WEIGHT = 2.0          # pseudo-rounds of PRIOR_ACCEPTANCE in the server's estimate
 # Pseudo-rounds of the server's estimate in a sequence's own (with the sequence's forgetting,
 # 0.97 a round, they keep its estimate from chasing a few rounds' luck where E(k)/T(k) is flat).

@@ -4,8 +4,9 @@ A `Drafter` proposes k tokens for a sequence; a `Verifier` scores them and retur
 prefix plus one token of its own. In process they wrap an `Engine` (specdec.local); in Triton
 they are BLS calls to draft_model and target_model. Per round: one draft call, one target call.
 A request may draft with the draft model, with prompt lookup (ngram.py, in this process, no
-call), with an EAGLE-3 head in the target (eagle/: the verification of round r returns round
-r + 1's proposal, so a round is one call), or with any of them, chosen per round (hybrid).
+call), with a drafter in the target's process (in_target.py: an EAGLE-3 head, Medusa heads, the
+target with layers skipped, or the draft model placed there; the verification of round r returns
+round r + 1's proposal, so a round is one call), or with several, chosen per round (hybrid).
 
 Each round reads: the proposers the sequence has (proposers.py) offer, the policy chooses k and
 one of them, it proposes, the target verifies, the verdict is committed and every proposer
@@ -23,10 +24,10 @@ from typing import Awaitable, Callable, Protocol
 
 from .ngram import NgramProposer
 from .policy import Choice, Planner, Policy
-from .proposers import (DraftModelProposer, Drafted, Drafter, HeadProposer, LookupProposer,
+from .proposers import (DraftModelProposer, Drafted, Drafter, InTargetProposer, LookupProposer,
                         SequenceProposer)
-from .records import (DRAFTING, Chunk, Finish, Proposal, Proposer, Request, Round, Stats, Verdict,
-                      VerifyCall)
+from .records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Request, Round,
+                      Stats, Verdict, VerifyCall)
 
 
 class Verifier(Protocol):
@@ -38,9 +39,11 @@ class Verifier(Protocol):
 # (a healthy draft answers in milliseconds; the release goes on after that, unwaited).
 DRAFT_RELEASE_WAIT_S = 0.05
 # What a request's proposer may draft with, in the order a fixed k prefers them. Hybrid drafts
-# with what the server has.
+# with what the server has, of the drafters in the target's process only the first
+# (policy.in_target_of).
 PROPOSER_SETS = {**{p: (p,) for p in DRAFTING},
-                 Proposer.HYBRID: (Proposer.NGRAM, Proposer.EAGLE, Proposer.DRAFT)}
+                 Proposer.HYBRID: (Proposer.NGRAM, Proposer.EAGLE, Proposer.MEDUSA,
+                                   Proposer.DRAFT, Proposer.SELF)}
 
 
 def open_policy(planner: Planner, req: Request) -> Policy:
@@ -88,11 +91,13 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     cancelled: Callable[[], bool] = lambda: False,
                     on_round: Callable[[Round], None] | None = None,
                     policy: Policy | None = None, draft_timeout_s: float | None = None,
-                    ngram: NgramProposer | None = None, head: bool = False) -> Stats:
+                    ngram: NgramProposer | None = None,
+                    in_target: tuple[Proposer, ...] = ()) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
-    drafter: the draft model (None: none configured); ngram: prompt lookup, for requests whose
-    proposer is "ngram" or "hybrid"; head: the verifier drafts with an EAGLE-3 head.
+    drafter: the draft model in a process of its own (None: none there); ngram: prompt lookup,
+    for requests whose proposer is "ngram" or "hybrid"; in_target: the proposers the verifier
+    drafts with in its own process (in_target.py), a draft model placed there among them.
     max_len: the KV slot length of both models; the committed sequence never outgrows it.
     on_round: observes every round (metrics).
     policy: chooses each round's k and proposer (policy.py) among those the sequence has;
@@ -100,11 +105,13 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     """
-    allowed = _allowed(req, policy, drafter, ngram, head)
+    allowed = _allowed(req, policy, drafter, ngram, in_target)
     if policy is None:
-        policy = Planner(req.num_draft_tokens).open(req.num_draft_tokens, False,
-                                                    proposers=allowed)
-    proposers = _proposers(allowed, seq_id, req, policy, drafter, ngram, draft_timeout_s)
+        policy = Planner(req.num_draft_tokens, in_target=IN_TARGET + in_target).open(
+            req.num_draft_tokens, False, proposers=allowed)
+    proposers = _proposers(policy.proposers, seq_id, req, policy, drafter, ngram,
+                           draft_timeout_s)
+    ahead = policy.ahead if policy.ahead in proposers else None
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
     target_len = 0                    # tokens the target has cached, all committed
@@ -124,15 +131,14 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             d = await chosen.propose(committed, choice.k) if chosen else Drafted(Proposal([], None))
             k = len(d.proposal.tokens)
             t1 = time.perf_counter()
-            # The head drafts the next round's proposal now; that round's limit is at most this.
+            # The in-target drafter drafts the next round's proposal now; that round's limit is
+            # at most this.
             next_limit = max(0, min(req.num_draft_tokens, max_len - n - 1,
                                     req.max_tokens - len(out.tokens) - 2))
-            next_k = next((nk for nk in (q.next_k(next_limit) for q in proposers.values())
-                           if nk is not None), None)
-            from_head = bool(k and chosen.in_verifier)
+            next_k = proposers[ahead].next_k(next_limit) if ahead else None
             verdict = await verifier.verify(VerifyCall(
                 seq_id, target_len, committed[target_len:], d.proposal.tokens, d.proposal.probs,
-                req.sampling, next_k, from_head))
+                req.sampling, next_k, bool(k and chosen.in_verifier), ahead))
             t2 = time.perf_counter()
             draft_s = t1 - t0 if d.draft_s is None else d.draft_s
             verify_s = t2 - t1 - verdict.draft_s   # the head's next proposal is not this round's
@@ -173,12 +179,13 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             await asyncio.wait(later, timeout=DRAFT_RELEASE_WAIT_S)
 
 
-def _allowed(req: Request, policy: Policy | None, drafter, ngram, head: bool
-             ) -> tuple[Proposer, ...]:
+def _allowed(req: Request, policy: Policy | None, drafter, ngram,
+             in_target: tuple[Proposer, ...]) -> tuple[Proposer, ...]:
     """What the request may draft with: hybrid with what is configured, any other only with
     its own proposer (an error when that is not configured)."""
-    has = {Proposer.DRAFT: drafter is not None, Proposer.NGRAM: ngram is not None,
-           Proposer.EAGLE: head}
+    has = {p: p in in_target for p in DRAFTING}
+    has[Proposer.DRAFT] = drafter is not None or Proposer.DRAFT in in_target
+    has[Proposer.NGRAM] = ngram is not None
     allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
     if req.proposer == Proposer.HYBRID:
         allowed = tuple(p for p in allowed if has[p])
@@ -190,11 +197,13 @@ def _allowed(req: Request, policy: Policy | None, drafter, ngram, head: bool
 
 def _proposers(allowed, seq_id: int, req: Request, policy: Policy, drafter, ngram,
                draft_timeout_s: float | None) -> dict[Proposer, SequenceProposer]:
-    make = {Proposer.DRAFT: lambda: DraftModelProposer(drafter, seq_id, req.sampling,
-                                                       draft_timeout_s),
-            Proposer.NGRAM: lambda: LookupProposer(ngram, seq_id, req.sampling),
-            Proposer.EAGLE: lambda: HeadProposer(policy)}
-    return {p: make[p]() for p in allowed}
+    def make(p: Proposer) -> SequenceProposer:
+        if p == Proposer.NGRAM:
+            return LookupProposer(ngram, seq_id, req.sampling)
+        if p == Proposer.DRAFT and drafter is not None:
+            return DraftModelProposer(drafter, seq_id, req.sampling, draft_timeout_s)
+        return InTargetProposer(p, policy)
+    return {p: make(p) for p in allowed}
 
 
 def _count(stats: Stats, r: Round) -> None:

@@ -63,8 +63,8 @@ GENERATION_ID = "generation_id"
 CANCEL_GENERATION = "cancel_generation"
 
 # Orchestrator -> draft_model / target_model (the packing is in specdec/serving/calls.py).
-CALL = "call"                      # INT64 [8]: sequence id, start, k, top_k, seed, release, next_k,
-                                   # drafts_from_head
+CALL = "call"                      # INT64 [9]: sequence id, start, k, top_k, seed, release, next_k,
+                                   # drafts_in_target, next_by
 SAMPLING = "sampling"              # FP32 [2]: temperature, top_p
 TOKENS = "tokens"                  # committed tokens the model has not cached yet
 DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target

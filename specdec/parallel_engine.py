@@ -91,7 +91,7 @@ class Leader:
         # that q, or without drafts whose q is gone), so that every rank accepts the same
         # drafts; rank 0's engine finds nothing more to take.
         if self.engine.drafters:
-            calls = [replace(self.engine._in_target_drafts(c), drafts_in_target=False)
+            calls = [replace(self.engine.with_kept_q(c), drafts_in_target=False)
                      for c in calls]
         return self._run("verify", calls)
 

@@ -12,8 +12,8 @@ unavailable) is off for the whole server for a backoff period; one probe at a ti
 
 Policies by request:
 - `Fixed`: num_draft_tokens = k, exactly k (0: target only) while the draft is up and no
-  operator load cap lowers it. Hybrid: the n-gram proposal when a match exists, else the head's,
-  else the draft's.
+  operator load cap lowers it. Hybrid: the n-gram proposal when a match exists, else the
+  in-target drafter's, else the draft's.
 - `Adaptive`: num_draft_tokens absent (auto, capped by max_draft_tokens), the estimates above.
 - `Adaptive(frozen)`: auto for a seeded sampling request. Its sampled tokens depend on the round
   structure, so its choices may depend only on its own history: the prior acceptance and the
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .estimates import (PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, SEQUENCE_WEIGHT, Acceptance, Costs,
                         PriorCosts, expected_tokens)
-from .records import DRAFTING, Off, Proposer, Round
+from .records import DRAFTING, IN_TARGET, Off, Proposer, Round
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
 _LEVELS = 8
@@ -65,16 +65,18 @@ class Planner:
     def __init__(self, max_k: int, load_cap: tuple[int, int] | None = None,
                  prior: PriorCosts = PRIOR, probe_every: int = 4, probe_max: int = 64,
                  down_s: float = 0.5, down_max_s: float = 10.0, clock=time.monotonic,
-                 proposers: tuple[Proposer, ...] = DRAFTING):
-        """proposers: what this server has; a request's set is cut down to them."""
+                 proposers: tuple[Proposer, ...] = DRAFTING,
+                 in_target: tuple[Proposer, ...] = IN_TARGET):
+        """proposers: what this server has; a request's set is cut down to them. in_target:
+        those that draft inside the target's verification, a round ahead (in_target.py)."""
         self.max_k, self.load_cap, self.prior = max_k, load_cap, prior
-        self.proposers = proposers
+        self.proposers, self.in_target = proposers, frozenset(in_target)
         self.probe_every, self.probe_max = probe_every, probe_max
         self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
         self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in DRAFTING}
         self.mean_k = float(max_k)   # k of the rounds that drafted, all rows (a moving average)
-        self.costs = [Costs.prior(prior) for _ in range(_LEVELS)]
-        self.frozen_costs = Costs.prior(prior)
+        self.costs = [Costs.prior(prior, self.in_target) for _ in range(_LEVELS)]
+        self.frozen_costs = Costs.prior(prior, self.in_target)
         self.active = 0
         # The draft's health: after a failure it is off for every sequence until `down_until`,
         # then one sequence at a time probes it; the backoff doubles while probes fail.
@@ -85,8 +87,10 @@ class Planner:
 
     def open(self, num_draft_tokens: int, auto: bool, frozen: bool = False,
              proposers: tuple[Proposer, ...] = (Proposer.DRAFT,)) -> "Policy":
-        """proposers: what the request may draft with, in the order a fixed k prefers them."""
-        proposers = tuple(p for p in proposers if p in self.proposers)
+        """proposers: what the request may draft with, in the order a fixed k prefers them; of
+        those drafting inside the target's call, only the first (in_target_of)."""
+        proposers = in_target_of(tuple(p for p in proposers if p in self.proposers),
+                                 self.in_target)
         self.active += 1
         if not auto:
             return Fixed(self, proposers, num_draft_tokens, frozen)
@@ -190,10 +194,15 @@ class Policy:
             return self.proposers
         return tuple(p for p in self.proposers if p in available)
 
+    @property
+    def ahead(self) -> Proposer | None:
+        """The proposer that drafts inside the target's call for this sequence (at most one)."""
+        return next((p for p in self.proposers if p in self.planner.in_target), None)
+
     def lookahead(self, limit: int) -> int:
-        """Tokens an EAGLE-3 head should draft now, with this round's verification, for the next
-        round, whose limit is at most `limit`: the head's proposal is made a round ahead, and the
-        next round's choice takes what it needs of it."""
+        """Tokens `ahead` should draft now, with this round's verification, for the next round,
+        whose limit is at most `limit`: its proposal is made a round ahead, and the next round's
+        choice takes what it needs of it."""
         raise NotImplementedError
 
     def observe(self, r: Round) -> None:
@@ -203,6 +212,8 @@ class Policy:
         return k if self.frozen else self.planner.capped(k)
 
     def _draft(self, k: int) -> Choice:
+        if Proposer.DRAFT in self.planner.in_target:   # it fails like a head: per round
+            return Choice(k, None, Proposer.DRAFT)
         if self.planner.draft_blocked(self):
             return Choice(0, Off.DRAFT_DOWN)
         self.planner.use_draft(self)
@@ -223,7 +234,7 @@ class Fixed(Policy):
             return Choice(0)
         last = self.proposers[-1]
         for p in self._offered(available):
-            if p == Proposer.DRAFT:
+            if p == Proposer.DRAFT and p not in self.planner.in_target:
                 return self._draft(k)
             offer = (available or {}).get(p, k)
             if offer > 0:
@@ -232,7 +243,7 @@ class Fixed(Policy):
         return Choice(0, Off.NO_MATCH, last)
 
     def lookahead(self, limit: int) -> int:
-        return self._cap(min(self.k, limit)) if Proposer.EAGLE in self.proposers else 0
+        return self._cap(min(self.k, limit)) if self.ahead else 0
 
 
 class Adaptive(Policy):
@@ -281,7 +292,8 @@ class Adaptive(Policy):
             kmax = min(cap, (available or {}).get(p, cap))
             if kmax == 0:
                 continue
-            if p == Proposer.DRAFT and self.planner.draft_blocked(self):
+            if p == Proposer.DRAFT and p not in self.planner.in_target and \
+                    self.planner.draft_blocked(self):
                 why = Off.DRAFT_DOWN
                 continue
             k, rate = _best(self.acceptance(p)[:kmax], costs, p)
@@ -325,13 +337,14 @@ class Adaptive(Policy):
 
     def lookahead(self, limit: int) -> int:
         cap = self._batch_cap(self._cap(min(self.cap, limit)))
-        if Proposer.EAGLE not in self.proposers or cap == 0:
+        p = self.ahead
+        if p is None or cap == 0:
             return 0
         # What the next round will take: the estimates' best, one more when that round
         # stretches (its choice reaches one past the best); at least one, or a head that is off
         # could never be probed. Every step drafted runs over the whole batch, so a step drafted
         # every round for the one round in STRETCH_EVERY that uses it costs every row a step.
-        k = _best(self.acceptance(Proposer.EAGLE)[:cap], self.costs(), Proposer.EAGLE)[0]
+        k = _best(self.acceptance(p)[:cap], self.costs(), p)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
         return min(cap, max(1, k + stretches))
 
@@ -358,3 +371,12 @@ def _best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[in
 
 def best_k(acceptance: list[float], costs: Costs, proposer: Proposer = Proposer.DRAFT) -> int:
     return _best(acceptance, costs, proposer)[0]
+
+
+def in_target_of(proposers: tuple[Proposer, ...], in_target: frozenset[Proposer]
+                 ) -> tuple[Proposer, ...]:
+    """The proposers with only the first of those drafting inside the target's call: one
+    verification drafts for one drafter, and an EAGLE-3 head must catch up on every verification
+    of a sequence it drafts for."""
+    first = next((p for p in proposers if p in in_target), None)
+    return tuple(p for p in proposers if p not in in_target or p == first)

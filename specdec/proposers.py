@@ -3,7 +3,8 @@
 Each says how many tokens it can offer now (`offer`), drafts them (`propose`), learns from the
 target's verdict (`observe`) and frees what it holds for the sequence (`release`). They keep the
 state the loop used to thread through its rounds: how many committed tokens a draft model or a
-lookup index holds, and the EAGLE-3 head's proposal made a round ahead.
+lookup index holds, and the proposal a drafter in the target's process (in_target.py) made a
+round ahead.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class SequenceProposer:
     kind: Proposer
     holds = False        # holds state for the sequence that only its release frees
     awaited = True       # the loop waits for its release (a draft model's: only briefly)
-    in_verifier = False  # its drafts come from the verifier's previous call (the head)
+    in_verifier = False  # its drafts come from the verifier's previous call (in_target.py)
 
     def offer(self, committed: list[int], limit: int) -> int:
         """The most tokens it can propose now, at most limit (> 0)."""
@@ -115,18 +116,18 @@ class LookupProposer(_Cached):
         return self.ngram.lookup(self.seq_id, held, committed[held:]).proposes(limit)
 
 
-class HeadProposer(SequenceProposer):
-    """An EAGLE-3 head in the target: the verification of round r drafts round r + 1. Its
+class InTargetProposer(SequenceProposer):
+    """A drafter in the target's process (an EAGLE-3 head, Medusa heads, the target with layers
+    skipped, a draft model placed there): the verification of round r drafts round r + 1. Its
     state lives in the verifier, whose release frees it."""
-    kind = Proposer.EAGLE
     in_verifier = True
 
-    def __init__(self, policy: "Policy"):
-        self.policy = policy
+    def __init__(self, kind: Proposer, policy: "Policy"):
+        self.kind, self.policy = kind, policy
         self.pending: list[int] = []   # its proposal for this round
         self.pending_s = 0.0           # and the seconds it took
-        self.fed = 0                   # committed tokens that verification caught the head up on
-        self.steps = 0                 # the head's steps over the batch that drafted it
+        self.fed = 0                   # committed tokens that verification caught it up on
+        self.steps = 0                 # its steps over the batch that drafted it
 
     def offer(self, committed: list[int], limit: int) -> int:
         return min(len(self.pending), limit)
@@ -138,7 +139,7 @@ class HeadProposer(SequenceProposer):
 
     def observe(self, n: int, k: int, verdict: Verdict, target_fed: int) -> None:
         self.pending, self.pending_s = verdict.proposal or [], verdict.draft_s
-        self.fed, self.steps = target_fed, verdict.head_steps
+        self.fed, self.steps = target_fed, verdict.steps
 
     def next_k(self, limit: int) -> int | None:
         return self.policy.lookahead(limit)

@@ -31,10 +31,15 @@ class Proposer(Name):
     DRAFT = "draft"     # the draft model
     NGRAM = "ngram"     # prompt lookup (ngram.py)
     EAGLE = "eagle"     # an EAGLE-3 head in the target (eagle/)
+    SELF = "self"       # the target with layers skipped (swift.py)
+    MEDUSA = "medusa"   # Medusa heads on the target's last hidden state (medusa/)
     HYBRID = "hybrid"
 
 
-DRAFTING = (Proposer.DRAFT, Proposer.NGRAM, Proposer.EAGLE)   # the proposers that draft
+# The proposers that draft, and those that always draft inside the target's verification (a
+# draft model may too, placed in the target's process: settings decide).
+DRAFTING = (Proposer.DRAFT, Proposer.NGRAM, Proposer.EAGLE, Proposer.SELF, Proposer.MEDUSA)
+IN_TARGET = (Proposer.EAGLE, Proposer.SELF, Proposer.MEDUSA)
 
 
 class Finish(Name):
@@ -108,23 +113,26 @@ class VerifyCall:
     draft_probs: torch.Tensor | None  # [k, V'] or None: one-hot of drafts, exact for any
                                       # target sampling (verify.py)
     sampling: SamplingParams
-    # An engine serving an EAGLE-3 head (eagle/): None, this sequence does not use the head;
-    # else the head catches up on the committed positions and drafts next_k (>= 0) tokens.
+    # A drafter in the target's process (in_target.py) drafts the next round inside this
+    # verification: None, none does for this sequence; else next_by drafts next_k (>= 0) tokens
+    # (an EAGLE-3 head also catches up on the committed positions with 0).
     next_k: int | None = None
-    drafts_from_head: bool = False   # drafts are the head's last proposal: verify with its q
+    drafts_in_target: bool = False   # drafts are the in-target drafter's last proposal: verify
+                                     # with the q it kept
+    next_by: Proposer | None = None
 
 
 @dataclass
 class Verdict:
     tokens: list[int]          # accepted drafts + the target's correction or bonus token
     num_accepted: int
-    proposal: list[int] | None = None  # with next_k: the head's drafts for the next round
-    draft_s: float = 0.0       # seconds the head took over them (the batch's)
-    failure: Failure | None = None  # the head failed: the verdict stands, no proposal
+    proposal: list[int] | None = None  # with next_k: next_by's drafts for the next round
+    draft_s: float = 0.0       # seconds the in-target drafter took over them (the batch's)
+    failure: Failure | None = None  # that drafter failed: the verdict stands, no proposal
     # What the batch's cost grew with (a row's own k does not move it when other rows draft
-    # more): the most drafts a row of this verification carried, and the head's steps.
+    # more): the most drafts a row of this verification carried, and the drafter's steps.
     batch_k: int = 0
-    head_steps: int = 0
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,10 +166,12 @@ class Round:
     limit: int = 0            # the most the request allowed this round
     reason: Off | None = None   # why k is 0 though limit is not (policy.Choice.reason)
     proposer: Proposer = Proposer.DRAFT   # who proposed (or was asked to)
-    # The head drafts a round ahead, before k is chosen: the steps it ran over the batch that
-    # drafted this proposal (at least the tokens it drafted for this row); draft_s is theirs.
+    # An in-target drafter drafts a round ahead, before k is chosen: the steps it ran over the
+    # batch that drafted this proposal (at least the tokens it drafted for this row); draft_s is
+    # theirs.
     drafted: int = 0
-    head_failure: Failure | None = None  # the head failed in this verification: no proposal next
+    # The in-target drafter failed in this verification: no proposal next.
+    in_target_failure: Failure | None = None
     # The verification cost's x (policy.py): a batched call costs what its widest row asks, so
     # the most drafts any row of its batch carried; None: the row's own k.
     batch_k: int | None = None

@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 
 from ..engine import Engine, default_dtype
-from ..records import ProposeCall, VerifyCall
+from ..records import ProposeCall, Proposer, VerifyCall
 from ..sampling import SamplingParams
 from .data import generate
+
+EAGLE = Proposer.EAGLE
 
 GREEDY = SamplingParams()
 
@@ -67,8 +69,9 @@ def head_runs(engine: Engine, prompts: list[list[int]], conts: list[list[int]],
     n = len(conts[0])
     runs = [[0] * n for _ in prompts]
     for i in range(1, n):
-        calls = [VerifyCall(p, 0, prompt, [], None, GREEDY, max_k) if i == 1 else
-                 VerifyCall(p, len(prompt) + i - 2, [c[i - 2]], [], None, GREEDY, max_k)
+        calls = [VerifyCall(p, 0, prompt, [], None, GREEDY, max_k, next_by=EAGLE) if i == 1 else
+                 VerifyCall(p, len(prompt) + i - 2, [c[i - 2]], [], None, GREEDY, max_k,
+                            next_by=EAGLE)
                  for p, (prompt, c) in enumerate(zip(prompts, conts))]
         for p, verdict in enumerate(engine.verify(calls)):
             if isinstance(verdict, Exception):
@@ -152,13 +155,14 @@ def head_cost_ratio(engine: Engine, prompt: list[int], k: int = 4, repeats: int 
     (its catch-up included, Verdict.draft_s) over the target's time for one token, one sequence
     at a time, medians of alternating calls."""
     n = len(prompt)
-    engine.verify([VerifyCall(0, 0, prompt, [], None, GREEDY, k)])
+    engine.verify([VerifyCall(0, 0, prompt, [], None, GREEDY, k, next_by=EAGLE)])
     t_times, d_times = [], []
     for r in range(repeats + 3):   # the first three warm up
         t0 = time.perf_counter()
         engine.verify([VerifyCall(0, n - 1, prompt[-1:], [], None, GREEDY)])
         t1 = time.perf_counter()
-        verdict = engine.verify([VerifyCall(0, n - 1, prompt[-1:], [], None, GREEDY, k)])[0]
+        verdict = engine.verify([VerifyCall(0, n - 1, prompt[-1:], [], None, GREEDY, k,
+                                            next_by=EAGLE)])[0]
         if r >= 3:
             t_times.append(t1 - t0)
             d_times.append(verdict.draft_s / k)

@@ -14,21 +14,20 @@ from __future__ import annotations
 import torch
 
 from ..graphs import GraphedForward
+from ..in_target import InTargetDrafter, Verified
 from ..kv_cache import KVCache
 from ..model import Batch
-from ..sampling import DRAFT, BatchSampling, probabilities, sample
+from ..sampling import DRAFT, probabilities, sample
 from .head import EagleHead
 
 
-class HeadDrafter:
+class HeadDrafter(InTargetDrafter):
     def __init__(self, head: EagleHead, max_sequences: int, max_len: int, dtype: torch.dtype,
                  device: torch.device, vocab_size: int):
         a = head.args.layer
         self.head, self.device, self.max_len, self.vocab_size = head, device, max_len, vocab_size
         self.cache = KVCache(1, max_sequences, max_len, a.num_kv_heads, a.head_dim, dtype, device)
-        # seq_id -> q [k, V] of its pending proposal, when sampled; the next verification of
-        # that proposal reads it here: it never leaves the process.
-        self.q: dict[int, torch.Tensor] = {}
+        self.capture = head.args.aux_layers
         self.graphs: GraphedForward | None = None   # graphed() sets them
 
     def graphed(self, capture: bool = True) -> None:
@@ -49,26 +48,13 @@ class HeadDrafter:
         a = head.args.layer
         return KVCache.bytes_needed(1, max_sequences, max_len, a.num_kv_heads, a.head_dim, dtype)
 
-    def take_q(self, seq_id: int) -> torch.Tensor | None:
-        return self.q.pop(seq_id, None)
-
-    def release(self, seq_id: int) -> None:
-        self.q.pop(seq_id, None)
-
-    def draft(self, seq_ids: list[int], features: torch.Tensor, rows: torch.Tensor,
-              starts: list[int], slots: list[int], ends: list[int],
-              nxt: torch.Tensor, ks: list[int], s: BatchSampling,
-              greedy: list[bool]) -> list[list[int]]:
-        """Catch up and draft, for rows that use the head.
-
-        features: [B, T, A * Ht] the target's captured layers over its forward; rows: [B, T] the
-        forward's tokens (committed + drafts); starts, slots: as the forward's; ends: N_b,
-        committed positions now cached; nxt: [B] the target's token; ks: tokens to draft per
-        row (0: catch up only); s, greedy: the rows' sampling.
-        Returns each row's drafted target ids ([] where k is 0); sampled rows' q are kept.
-        """
+    def draft(self, v: Verified) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Catch up on the committed positions, then draft: v.features [B, T, A * Ht] the
+        target's captured layers over its forward, v.tokens [B, T] its tokens."""
         head, dev = self.head, self.device
-        b = len(seq_ids)
+        features, rows, starts, slots, ends, nxt, ks, s = (
+            v.features, v.tokens, v.starts, v.slots, v.ends, v.nxt, v.ks, v.sampling)
+        b = len(v.seq_ids)
         # Only the committed positions: a rejected draft's pair would be masked until
         # overwritten, and on a compute-bound device it costs as much as a kept one.
         need = [e - s for e, s in zip(ends, starts)]
@@ -83,7 +69,7 @@ class HeadDrafter:
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
         k_max = max(ks)
         if k_max == 0:
-            return [[] for _ in range(b)]
+            return [[] for _ in range(b)], None
         first = ends_t[:, None]                                # [B, 1] position of the step input
         ks_t = torch.tensor(ks, device=dev)[:, None]
         slots_t = torch.tensor(slots, device=dev)[:, None]
@@ -108,11 +94,4 @@ class HeadDrafter:
             h = self._forward(step, h)   # a graph's output: read before its next replay
         tokens = torch.cat(drafted, 1).tolist()
         q = torch.cat(probs, 1) if probs else None                                   # [B, K, V]
-        out = []
-        for i, (seq, k) in enumerate(zip(seq_ids, ks)):
-            out.append(tokens[i][:k])
-            if q is not None and k and not greedy[i]:
-                self.q[seq] = q[i, :k]
-            else:
-                self.q.pop(seq, None)
-        return out
+        return [t[:k] for t, k in zip(tokens, ks)], q

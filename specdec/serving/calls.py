@@ -4,19 +4,20 @@ A call is one Triton request with batch dimension 1; every tensor below is [1, .
 tensor is allocated, described and mapped on both sides of the Python backend's process
 boundary on every call, so a call's scalars travel packed (three tensors instead of up to nine):
 
-    call      INT64 [8]  sequence id, start position, num_draft_tokens (verify: 0), top_k,
+    call      INT64 [9]  sequence id, start position, num_draft_tokens (verify: 0), top_k,
                          seed, release (1: free the sequence's slot, nothing else),
-                         next_k (verify: tokens the EAGLE-3 head drafts for the next round;
-                         -1: the sequence does not use the head), drafts_from_head (1: the
-                         drafts are the head's last proposal, verified with its q)
+                         next_k (verify: tokens a drafter in the target's process drafts for
+                         the next round; -1: none does), drafts_in_target (1: the drafts are
+                         that drafter's last proposal, verified with the q it kept), next_by
+                         (the drafter: its index in records.DRAFTING; -1: none)
     sampling  FP32  [2]  temperature, top_p
     tokens    INT32 [n]  committed tokens from the start position on, not cached yet
 
 The target also takes draft_tokens [k] (absent when k = 0) and draft_probs [k, V] (absent when
 the draft was greedy), and answers verdict INT32 [5 + m + 1 + k']: the number of drafts
-accepted m, the head's drafting time in microseconds, 1 if the head failed, the most drafts a
-row of the verification's batch carried, the head's steps over its batch, then the m accepted
-drafts and the target's own token, then the head's k' drafts for the next round. The draft
+accepted m, the in-target drafter's time in microseconds, 1 if it failed, the most drafts a
+row of the verification's batch carried, the drafter's steps over its batch, then the m accepted
+drafts and the target's own token, then the drafter's k' drafts for the next round. The draft
 answers draft_tokens [k] and, when asked, draft_probs. Unsigned 64-bit values travel as the
 int64 with the same bits.
 """
@@ -25,10 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import names
-from ..records import Failure, ProposeCall, SamplingParams, Verdict, VerifyCall
+from ..records import DRAFTING, Failure, ProposeCall, Proposer, SamplingParams, Verdict, VerifyCall
 
-_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _FROM_HEAD = range(8)
-_FIELDS = 8
+_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _IN_TARGET, _NEXT_BY = range(9)
+_FIELDS = 9
 _U64 = 1 << 64
 
 
@@ -41,11 +42,12 @@ def _unsigned(v: int) -> int:
 
 
 def _inputs(seq_id: int, start: int, tokens: list[int], k: int, s: SamplingParams,
-            release: bool = False, next_k: int | None = None,
-            from_head: bool = False) -> dict[str, np.ndarray]:
+            release: bool = False, next_k: int | None = None, in_target: bool = False,
+            next_by: Proposer | None = None) -> dict[str, np.ndarray]:
     return {
         names.CALL: np.array([[_signed(seq_id), start, k, s.top_k, _signed(s.seed), release,
-                               -1 if next_k is None else next_k, from_head]], np.int64),
+                               -1 if next_k is None else next_k, in_target,
+                               -1 if next_by is None else DRAFTING.index(next_by)]], np.int64),
         names.SAMPLING: np.array([[s.temperature, s.top_p]], np.float32),
         names.TOKENS: np.array([tokens], np.int32),
     }
@@ -59,7 +61,7 @@ def verify_inputs(call: VerifyCall) -> dict[str, np.ndarray]:
     """Draft probabilities travel separately, as the draft's own output tensor (DLPack)."""
     drafts = {names.DRAFT_TOKENS: np.array([call.drafts], np.int32)} if call.drafts else {}
     return {**_inputs(call.seq_id, call.start, call.tokens, 0, call.sampling, False,
-                      call.next_k, call.drafts_from_head), **drafts}
+                      call.next_k, call.drafts_in_target, call.next_by), **drafts}
 
 
 def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
@@ -100,17 +102,17 @@ def verify_call(inputs: dict, draft_probs) -> VerifyCall:
     return VerifyCall(_unsigned(f[_SEQ]), f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
                       [] if drafts is None else drafts.reshape(-1).tolist(),
                       draft_probs, sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
-                      bool(f[_FROM_HEAD]))
+                      bool(f[_IN_TARGET]), None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]])
 
 
 def verdict_output(v: Verdict) -> np.ndarray:
     return np.array([[v.num_accepted, round(v.draft_s * 1e6), v.failure is not None, v.batch_k,
-                      v.head_steps, *v.tokens, *(v.proposal or [])]], np.int32)
+                      v.steps, *v.tokens, *(v.proposal or [])]], np.int32)
 
 
 def verdict(output: np.ndarray) -> Verdict:
     values = output.reshape(-1).tolist()
-    m, micros, failed, batch_k, head_steps = values[:5]
+    m, micros, failed, batch_k, steps = values[:5]
     end = 5 + m + 1
     return Verdict(values[5:end], m, values[end:] or None, micros / 1e6,
-                   Failure.ERROR if failed else None, batch_k, head_steps)
+                   Failure.ERROR if failed else None, batch_k, steps)

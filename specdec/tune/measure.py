@@ -90,7 +90,8 @@ def generate(target: Engine, draft: Engine | None, prompt: list[int], k: int, ma
                           LocalDrafter(draft) if draft is not None else None,
                           LocalVerifier(target), target.max_len,
                           lambda chunk: out.extend(chunk.tokens),
-                          on_round=m.add_round if m else None, head=draft is None))
+                          on_round=m.add_round if m else None,
+                          in_target=tuple(target.drafters)))
     if m is not None:
         m.seconds += time.perf_counter() - t0
         m.requests += 1

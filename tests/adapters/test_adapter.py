@@ -6,7 +6,7 @@ import torch
 
 from specdec import names
 from specdec.config import CheckpointError
-from specdec.records import ProposeCall, SlotError, Verdict, VerifyCall
+from specdec.records import Proposer, ProposeCall, SlotError, Verdict, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.serving.adapter import (ModelCallError, error_response, parameters, read_inputs,
@@ -93,15 +93,18 @@ def test_wire_format_round_trip_and_config_types():
     assert calls.verdict(calls.verdict_output(head)) == head
     failed = Verdict([3], 0, None, 0.5, "error")
     assert calls.verdict(calls.verdict_output(failed)) == failed
-    batched = Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, head_steps=5)   # the batch's width
+    batched = Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5)   # the batch's width
     assert calls.verdict(calls.verdict_output(batched)) == batched
-    call = VerifyCall(5, 7, [3], [1, 2], None, s, next_k=4, drafts_from_head=True)
-    back = calls.verify_call(calls.verify_inputs(call), None)
-    assert (back.next_k, back.drafts_from_head, back.drafts) == (4, True, [1, 2])
+    for by in (Proposer.EAGLE, Proposer.DRAFT, Proposer.SELF, Proposer.MEDUSA):
+        call = VerifyCall(5, 7, [3], [1, 2], None, s, next_k=4, drafts_in_target=True,
+                          next_by=by)
+        back = calls.verify_call(calls.verify_inputs(call), None)
+        assert (back.next_k, back.drafts_in_target, back.drafts, back.next_by) == \
+            (4, True, [1, 2], by)
     assert calls.verify_call(calls.verify_inputs(VerifyCall(5, 0, [3], [], None, s)),
                              None).next_k is None
     p_in[names.CALL] = p_in[names.CALL][:, :4]
-    with pytest.raises(ValueError, match="call has 4 values, expected 8"):
+    with pytest.raises(ValueError, match="call has 4 values, expected 9"):
         calls.propose_call(p_in)
 
 

@@ -60,7 +60,7 @@ def test_a_round_with_the_head_is_one_bls_call():
                       drafted=5))
     m.round(Round(k=2, accepted=1, draft_s=0.01, verify_s=0.01, proposer="draft"))
     m.round(Round(k=0, accepted=0, draft_s=0.0, verify_s=0.01, proposer="eagle",
-                  head_failure="error"))
+                  in_target_failure="error"))
     m.flush()
 
     def of(name, **labels):

@@ -49,7 +49,8 @@ def generate(target: Engine, draft: Engine | None, requests: list[Request],
 
     planner: chooses k per round for requests with `auto` (else each request's exact k).
     drafter: the draft model's stand-in (default: the draft engine's; None without one).
-    options: more keyword arguments of `speculate` (on_round, draft_timeout_s, ngram)."""
+    options: more keyword arguments of `speculate` (on_round, draft_timeout_s, ngram); the
+    target's own drafters (in_target.py) are its in_target."""
     drafter = drafter or (LocalDrafter(draft) if draft else None)
     verifier = LocalVerifier(target)
 
@@ -58,7 +59,8 @@ def generate(target: Engine, draft: Engine | None, requests: list[Request],
         policy = open_policy(planner, req) if planner else None
         try:
             stats = await speculate(1000 + i, req, drafter, verifier, target.max_len,
-                                    chunks.append, policy=policy, **options)
+                                    chunks.append, policy=policy,
+                                    in_target=tuple(target.drafters), **options)
         finally:
             if planner:
                 planner.close(policy)

@@ -115,7 +115,7 @@ def test_lookup_head_and_hybrid(checkpoint, reference, proposer, max_k, tokens):
             for i, p in enumerate(prompts())]
     results = generate(target(checkpoint, head=head), draft, reqs,
                        planner=Planner(8) if proposer == "hybrid" else None,
-                       ngram=NgramProposer(), head=head)
+                       ngram=NgramProposer())
     assert mismatches(results, reference) == []
     assert sum(r[1].total_draft_tokens for r in results) > 0
 

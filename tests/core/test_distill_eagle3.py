@@ -203,7 +203,8 @@ def test_the_measurement_replays_the_served_loop(served, k):
     async def run():
         return await asyncio.gather(*(speculate(
             i, Request(p, len(conts[0]), k, proposer="eagle", prefill_alone=True), None,
-            LocalVerifier(engine), engine.max_len, chunks[i].append, head=True)
+            LocalVerifier(engine), engine.max_len, chunks[i].append,
+            in_target=tuple(engine.drafters))
             for i, p in enumerate(prompts)))
 
     stats = asyncio.run(run())

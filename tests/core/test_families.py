@@ -93,11 +93,10 @@ def test_an_eagle3_head_distilled_for_each_family_keeps_greedy_exact(tmp_path, v
                      step_by_step=variant == "phi3_longrope")
     model = load_model(target, torch.float64, CPU)
     engine = Engine(model, 8, 128, CPU, head=load_head(head_dir, model, torch.float64, CPU))
-    got = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle") for p in prompts()],
-                   head=True)
+    got = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle") for p in prompts()])
     assert [g[0] for g in got] == want, variant
     assert sum(g[1].total_accepted_draft_tokens for g in got) > 0
-    assert engine.pool.active == 0 and not engine.head.q
+    assert engine.pool.active == 0 and not engine.q
 
 
 # --- real shapes, random weights ----------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_eagle_samples_follow_target(small_pair, k, params, auto):
                     auto=auto, prefill_alone=False, proposer="eagle") for i in range(N)]
     rounds = []
     results = generate(engine, None, reqs, planner=AcceptanceOnly(k) if auto else None,
-                       on_round=rounds.append, head=True)
+                       on_round=rounds.append)
     counts: dict[tuple, int] = {}
     for tokens, _, _ in results:
         counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
@@ -75,7 +75,7 @@ def test_eagle_samples_follow_target(small_pair, k, params, auto):
     assert chi_square_p(counts, exact_distribution(small_pair[0], params, PROMPT, LENGTH)) > 1e-3
     # Negative control: another model's distribution is told apart.
     assert chi_square_p(counts, exact_distribution(small_pair[1], params, PROMPT, LENGTH)) < 1e-6
-    assert engine.pool.active == 0 and not engine.head.q   # every sequence's state released
+    assert engine.pool.active == 0 and not engine.q   # every sequence's state released
 
 
 def test_hybrid_of_lookup_and_head_samples_follow_target(small_pair):
@@ -86,7 +86,7 @@ def test_hybrid_of_lookup_and_head_samples_follow_target(small_pair):
     planner, rounds = AcceptanceOnly(2), []
     planner.acceptance["ngram"].add(2, 1)
     results = generate(engine, None, reqs, planner=planner, on_round=rounds.append,
-                       ngram=NgramProposer(), head=True)
+                       ngram=NgramProposer())
     by = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("eagle", "ngram")}
     assert min(by.values()) > N // 10, by
     counts: dict[tuple, int] = {}
@@ -100,11 +100,12 @@ def test_sampled_proposal_whose_q_is_gone_is_not_verified(small_pair):
     one-hot (which would not be exact)."""
     engine = eagle_engine(small_pair[0], max_len=16)
     s = SamplingParams(temperature=1.0, seed=5)
-    v = engine.verify([VerifyCall(1, 0, PROMPT, [], None, s, next_k=3)])[0]
-    assert len(v.proposal) == 3 and engine.head.q[1].shape[0] == 3
-    engine.head.q.clear()
+    v = engine.verify([VerifyCall(1, 0, PROMPT, [], None, s, next_k=3, next_by="eagle")])[0]
+    assert len(v.proposal) == 3 and engine.q[1].shape[0] == 3
+    engine.q.clear()
     again = engine.verify([VerifyCall(1, len(PROMPT), v.tokens, v.proposal, None, s, next_k=2,
-                                      drafts_from_head=True)])[0]
+                                      next_by="eagle",
+                                      drafts_in_target=True)])[0]
     assert again.num_accepted == 0 and len(again.tokens) == 1 and len(again.proposal) == 2
 
 
@@ -119,16 +120,18 @@ def test_the_head_catches_up_on_committed_positions_only(small_pair):
     engine.head._forward = lambda batch, feature: widths.append(batch.tokens.shape[1]) or \
         forward(batch, feature)
     greedy = SamplingParams()
-    first = engine.verify([VerifyCall(1, 0, PROMPT, [], None, greedy, next_k=3)])[0]
+    first = engine.verify([VerifyCall(1, 0, PROMPT, [], None, greedy, next_k=3,
+                                      next_by="eagle")])[0]
     n = len(PROMPT)
     target = engine.verify([VerifyCall(2, 0, PROMPT + first.tokens, [], None, greedy)])[0]
     drafts = target.tokens + [(target.tokens[0] + 1) % 5] * 3     # one right, three wrong
     widths.clear()
-    v = engine.verify([VerifyCall(1, n, first.tokens, drafts, None, greedy, next_k=3)])[0]
+    v = engine.verify([VerifyCall(1, n, first.tokens, drafts, None, greedy, next_k=3,
+                                  next_by="eagle")])[0]
     assert v.num_accepted == 1 and widths[0] == 2          # 1 committed + 1 accepted, not 5
-    engine.verify([VerifyCall(3, 0, PROMPT, [], None, greedy, next_k=3)])
+    engine.verify([VerifyCall(3, 0, PROMPT, [], None, greedy, next_k=3, next_by="eagle")])
     alone = engine.verify([VerifyCall(3, n, first.tokens, drafts[:1], None, greedy,
-                                      next_k=3)])[0]
+                                      next_k=3, next_by="eagle")])[0]
     assert alone.tokens == v.tokens and alone.proposal == v.proposal
 
 
@@ -156,13 +159,13 @@ def test_greedy_equals_target_alone(pair_dir, head_dir, greedy, k, auto, propose
     results = generate(engine, None, [Request(p, MAX_TOKENS, k, auto=auto, proposer=proposer)
                                       for p in prompts()],
                        planner=Planner(8) if auto else None, on_round=rounds.append,
-                       ngram=NgramProposer(), head=True)
+                       ngram=NgramProposer())
     assert [r[0] for r in results] == greedy
     drafted = sum(r.k for r in rounds if r.proposer == "eagle")
     accepted = sum(r.accepted for r in rounds if r.proposer == "eagle")
     assert 0 < accepted < drafted   # the head is neither always right nor always wrong
     assert sum(len(r[1].accepted_per_round) for r in results) < len(prompts()) * MAX_TOKENS
-    assert engine.pool.active == 0 and not engine.head.q
+    assert engine.pool.active == 0 and not engine.q
 
 
 def test_a_proposal_drafted_after_a_prefill_is_not_a_steady_cost(pair_dir, head_dir):
@@ -173,7 +176,7 @@ def test_a_proposal_drafted_after_a_prefill_is_not_a_steady_cost(pair_dir, head_
     rounds = []
     prompt = prompts()[0]
     generate(trained_engine(pair_dir, head_dir), None,
-             [Request(prompt, 24, 3, proposer="eagle")], on_round=rounds.append, head=True)
+             [Request(prompt, 24, 3, proposer="eagle")], on_round=rounds.append)
     drafting = [r for r in rounds if r.k]
     assert drafting[0].draft_fed == len(prompt) > 2
     assert all(r.draft_fed <= 2 for r in drafting[1:]) and len(drafting) > 2
@@ -185,7 +188,7 @@ def test_rounds_report_the_width_of_the_batch_they_shared(pair_dir, head_dir):
     rounds = []
     generate(trained_engine(pair_dir, head_dir), None,
              [Request(p, 24, k, proposer="eagle") for p, k in zip(prompts(2), (2, 5))],
-             on_round=rounds.append, head=True)
+             on_round=rounds.append)
     narrow = [r for r in rounds if r.k == 2 and not r.prefill]
     assert narrow and all(r.batch_k >= 2 for r in narrow)
     assert any(r.batch_k == 5 for r in narrow) and any(r.drafted == 5 for r in narrow)
@@ -195,8 +198,8 @@ def test_rows_batched_equal_rows_alone_when_sampling(pair_dir, head_dir):
     engine = trained_engine(pair_dir, head_dir)
     reqs = [Request(p, 16, 4, SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=i),
                     proposer="eagle") for i, p in enumerate(prompts(8))]
-    together = [r[0] for r in generate(engine, None, reqs, head=True)]
-    alone = [generate(engine, None, [r], head=True)[0][0] for r in reqs]
+    together = [r[0] for r in generate(engine, None, reqs)]
+    alone = [generate(engine, None, [r])[0][0] for r in reqs]
     assert together == alone
     assert len({tuple(t) for t in together}) == len(reqs)
 
@@ -205,12 +208,12 @@ def test_a_failing_head_costs_its_proposals_never_the_output(pair_dir, head_dir,
     """Every other head run fails: those rounds go on target-only, the output is exact."""
     engine = trained_engine(pair_dir, head_dir)
     calls = iter(range(10**6))
-    engine.head_fault = lambda: RuntimeError("injected") if next(calls) % 2 else None
+    engine.drafter_fault = lambda: RuntimeError("injected") if next(calls) % 2 else None
     rounds = []
     results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")
-                                      for p in prompts()], on_round=rounds.append, head=True)
+                                      for p in prompts()], on_round=rounds.append)
     assert [r[0] for r in results] == greedy
-    assert sum(r.head_failure == "error" for r in rounds) > 5
+    assert sum(r.in_target_failure == "error" for r in rounds) > 5
     assert sum(r.accepted for r in rounds) > 0       # the head still drafts between failures
     assert engine.pool.active == 0
 
@@ -224,10 +227,10 @@ def test_cancelled_sequences_release_the_heads_state(pair_dir, head_dir):
 
     reqs = [Request(p, 40, 4, SamplingParams(temperature=1.0, seed=i), proposer="eagle")
             for i, p in enumerate(prompts(4))]
-    results = generate(engine, None, reqs, head=True, cancelled=cancelled,
+    results = generate(engine, None, reqs, cancelled=cancelled,
                        on_round=seen.append)
     assert all(r[2][-1].finish_reason == "cancelled" for r in results)
-    assert engine.pool.active == 0 and not engine.head.q
+    assert engine.pool.active == 0 and not engine.q
 
 
 @pytest.mark.parametrize("flash", [False, True])
@@ -247,7 +250,7 @@ def test_head_steps_through_the_graphed_path_equal_the_eager_path(pair_dir, head
     runs = []
     for engine in (eager, fast):
         rounds = []
-        results = generate(engine, None, reqs, on_round=rounds.append, head=True)
+        results = generate(engine, None, reqs, on_round=rounds.append)
         runs.append(([r[0] for r in results], [(r.k, r.accepted) for r in rounds]))
     assert runs[0][0][:len(greedy)] == greedy
     assert runs[1] == runs[0]
@@ -264,6 +267,6 @@ def test_captured_head_graphs_keep_greedy_exact(pair_dir, head_dir, greedy):
                     head=load_head(head_dir, model, torch.float32, dev))
     assert engine.head.graphs.graphs[(1, 1)].graph is not None   # captured at load
     results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")
-                                      for p in prompts()], head=True)
+                                      for p in prompts()])
     assert [r[0] for r in results] == greedy
     assert all(g.graph is not None for g in engine.head.graphs.graphs.values())

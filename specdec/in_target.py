@@ -1,0 +1,118 @@
+"""Drafters in the target's process: the verification of round r drafts round r + 1.
+
+An EAGLE-3 head (eagle/drafting.py) and Medusa heads (medusa/) read the hidden states of that
+verification; a draft model placed beside the target, or the target itself with layers skipped
+(SWIFT, swift.py), reads only the committed tokens. Either way a round is one call, and a sampled
+proposal's probabilities never leave the process: the engine keeps them until the verification
+that checks the proposal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .records import ProposeCall, SamplingParams, SlotError
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .sampling import BatchSampling
+
+
+@dataclass
+class Verified:
+    """A verification's rows that draft next, as their drafter sees them (B rows, T the
+    forward's length)."""
+    seq_ids: list[int]
+    starts: list[int]             # the forward's first position per row
+    slots: list[int]              # the target's slot per row
+    ends: list[int]               # N_b: committed positions the target caches now
+    tokens: torch.Tensor          # [B, T] the forward's tokens (committed, then drafts)
+    nxt: torch.Tensor             # [B] the target's own token, committed at position N_b
+    hidden: torch.Tensor          # [B, D] the final-normed hidden state that scored nxt
+    features: torch.Tensor | None  # [B, T, A * D] the captured layers (an EAGLE-3 head's)
+    ks: list[int]                 # tokens to draft per row (0: catch up only)
+    params: list[SamplingParams]
+    sampling: "BatchSampling"     # the same, stacked on the device
+
+
+class InTargetDrafter:
+    capture: tuple[int, ...] = ()   # target layers whose outputs it reads (model.capture)
+
+    def committed(self, seq_id: int, start: int, tokens: list[int]) -> None:
+        """Every verified row, drafting or not: `tokens` are committed from position `start`
+        on (the call's tokens, the accepted drafts, the target's own)."""
+
+    def draft(self, v: Verified) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Each row's drafted target ids ([] where it drafts none) and, when any row samples,
+        q [B, K, V] (a greedy row's rows unused)."""
+        raise NotImplementedError
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+
+class ColocatedDraft(InTargetDrafter):
+    """A draft model in the target's process (its own Engine: weights, KV slot pool), or the
+    target with layers skipped (swift.py) as that engine's model.
+
+    It follows each sequence's committed tokens from the verifications, and after one drafts
+    from where its cache stops being right: the committed tokens it holds, plus those of its own
+    last drafts that were accepted."""
+
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+        self.history: dict[int, list[int] | None] = {}   # committed tokens; None: lost
+        self.held: dict[int, int] = {}        # committed tokens its cache holds
+        self.fed: dict[int, tuple[int, list[int]]] = {}   # drafts it cached from position N
+
+    def committed(self, seq_id: int, start: int, tokens: list[int]) -> None:
+        h = self.history.setdefault(seq_id, [])
+        if h is None or start > len(h):   # a gap: what the target holds is unknown here
+            self.history[seq_id] = None
+            return
+        del h[start:]
+        h.extend(tokens)
+        if seq_id in self.fed:   # its last drafts, as far as they were accepted, stay cached
+            n, fed = self.fed.pop(seq_id)
+            ok = 0
+            while ok < len(fed) and n + ok < len(h) and h[n + ok] == fed[ok]:
+                ok += 1
+            self.held[seq_id] = n + ok
+        self.held[seq_id] = min(self.held.get(seq_id, 0), len(h) - 1)
+
+    def draft(self, v: Verified) -> tuple[list[list[int]], torch.Tensor | None]:
+        out: list[list[int]] = [[] for _ in v.seq_ids]
+        rows, calls = [], []
+        for b, (seq, k) in enumerate(zip(v.seq_ids, v.ks)):
+            h = self.history.get(seq)
+            if k and h:
+                held = self.held.get(seq, 0)
+                rows.append(b)
+                calls.append(ProposeCall(seq, held, h[held:], k, v.params[b]))
+        if not calls:
+            return out, None
+        q_rows: dict[int, torch.Tensor] = {}
+        for b, c, p in zip(rows, calls, self.engine.propose(calls)):
+            if isinstance(p, SlotError):   # this row drafts nothing; it re-prefills next time
+                self.held[c.seq_id] = 0
+                continue
+            out[b] = p.tokens
+            self.held[c.seq_id] = c.start + len(c.tokens)
+            self.fed[c.seq_id] = (c.start + len(c.tokens), p.tokens[:-1])
+            if p.probs is not None:
+                q_rows[b] = p.probs
+        q = None
+        if q_rows:
+            k_max, width = max(v.ks), next(iter(q_rows.values())).shape[-1]
+            q = torch.zeros(len(v.seq_ids), k_max, width, device=v.nxt.device)
+            for b, probs in q_rows.items():
+                q[b, : len(probs)] = probs
+        return out, q
+
+    def release(self, seq_id: int) -> None:
+        self.history.pop(seq_id, None)
+        self.held.pop(seq_id, None)
+        self.fed.pop(seq_id, None)
+        self.engine.release([seq_id])

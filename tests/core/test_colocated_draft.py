@@ -1,0 +1,124 @@
+"""The draft model in the target's process (in_target.ColocatedDraft): the verification of round
+r drafts round r + 1. Its proposals are the separate draft's, drawn with the same seeded
+positions, so both placements give the same tokens, and the separate one is exact
+(test_speculative_exact.py, test_speculative_distribution.py)."""
+import pytest
+import torch
+
+from specdec.in_target import ColocatedDraft
+from specdec.policy import Planner
+from specdec.records import IN_TARGET, Proposer, Request
+from specdec.sampling import SamplingParams
+from tests.core.conftest import engines, generate
+from tests.core.test_speculative_distribution import (LENGTH, PROMPT, AcceptanceOnly,
+                                                      chi_square_p, exact_distribution)
+from tests.core.test_speculative_exact import MAX_TOKENS, prompts
+
+DRAFT = Proposer.DRAFT
+
+
+def colocated(pair, **kw):
+    """The target engine with the draft engine attached in its process."""
+    target, draft = engines(pair, **kw)
+    target.add_drafter(DRAFT, ColocatedDraft(draft))
+    return target, draft
+
+
+def target_alone(pair, prompts_) -> list[list[int]]:
+    target, draft = engines(pair)
+    return [r[0] for r in generate(target, draft, [Request(p, MAX_TOKENS, 0) for p in prompts_])]
+
+
+class ColocatedPlanner(AcceptanceOnly):
+    def __init__(self, max_k):
+        super().__init__(max_k)
+        self.in_target = frozenset(IN_TARGET + (DRAFT,))
+
+
+def sampled(i: int) -> SamplingParams:
+    return SamplingParams(temperature=0.9, top_k=0, top_p=0.95, seed=1_000_003 * i + 7)
+
+
+@pytest.mark.parametrize("k,auto,greedy", [
+    (1, False, True), (3, False, True), (5, False, True), (8, True, True),
+    (1, False, False), (3, False, False), (5, False, False),
+    # Not sampled at auto: k follows each placement's own costs there, and sampled tokens follow
+    # the rounds (test_colocated_samples_follow_target covers that).
+])
+def test_colocated_tokens_equal_the_separate_drafts(pair_dir, k, auto, greedy):
+    reqs = [Request(p, MAX_TOKENS, k, SamplingParams() if greedy else sampled(i), auto=auto)
+            for i, p in enumerate(prompts())]
+    target, draft = engines(pair_dir)
+    apart = generate(target, draft, reqs, planner=AcceptanceOnly(8) if auto else None)
+    target, draft = colocated(pair_dir)
+    rounds = []
+    together = generate(target, None, reqs, planner=ColocatedPlanner(8) if auto else None,
+                        on_round=rounds.append)
+    assert [r[0] for r in together] == [r[0] for r in apart]
+    drafted = [r for r in rounds if r.k]
+    assert drafted and all(r.proposer == DRAFT for r in drafted)
+    accepted = sum(r.accepted for r in drafted)
+    assert 0 < accepted < sum(r.k for r in drafted)     # neither path idle
+    assert target.pool.active == 0 and draft.pool.active == 0 and not target.q
+    drafter = target.drafters[DRAFT]
+    assert not drafter.history and not drafter.held and not drafter.fed
+
+
+def test_greedy_equals_target_alone(pair_dir):
+    alone = target_alone(pair_dir, prompts())
+    target, _ = colocated(pair_dir)
+    for k in (2, 4):
+        got = generate(target, None, [Request(p, MAX_TOKENS, k) for p in prompts()])
+        assert [r[0] for r in got] == alone
+
+
+def test_colocated_samples_follow_target(small_pair):
+    """The draft drafts from the first verification on: of LENGTH tokens, the first is the
+    target's own, the second round drafts one (its limit), the last is a round's bonus or
+    correction."""
+    n, k = 4000, 2
+    target, _ = colocated(small_pair, max_sequences=n, max_len=16)
+    params = SamplingParams(temperature=1.0)
+    reqs = [Request(PROMPT, LENGTH, k, SamplingParams(1.0, seed=1_000_003 * i + 7),
+                    prefill_alone=False) for i in range(n)]
+    counts: dict[tuple, int] = {}
+    results = generate(target, None, reqs)
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    proposed = sum(s.total_draft_tokens for _, s, _ in results)
+    rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / proposed
+    assert proposed >= n and 0.15 < rate < 0.95, (proposed, rate)
+    assert chi_square_p(counts, exact_distribution(small_pair[0], params)) > 1e-3
+    # Negative control: the draft's own distribution is told apart.
+    assert chi_square_p(counts, exact_distribution(small_pair[1], params)) < 1e-6
+
+
+def test_a_failing_colocated_draft_costs_proposals_never_output(pair_dir):
+    alone = target_alone(pair_dir, prompts())
+    target, _ = colocated(pair_dir)
+    calls = iter(range(10**6))
+    target.drafter_fault = lambda: RuntimeError("injected") if next(calls) % 3 == 0 else None
+    rounds = []
+    got = generate(target, None, [Request(p, MAX_TOKENS, 3) for p in prompts()],
+                   on_round=rounds.append)
+    assert [r[0] for r in got] == alone
+    assert sum(r.in_target_failure == "error" for r in rounds) > 3
+    assert sum(r.accepted for r in rounds) > 0
+
+
+def test_the_draft_catches_up_after_rounds_it_did_not_draft(pair_dir):
+    """Hybrid rounds drafted by lookup still commit tokens the co-located draft must feed: its
+    history follows every verification, not only its own."""
+    from specdec.ngram import NgramProposer
+    reqs = [Request(p + p, MAX_TOKENS, 8, auto=True, proposer=Proposer.HYBRID)
+            for p in prompts()]
+    alone = target_alone(pair_dir, [r.prompt for r in reqs])
+    target, _ = colocated(pair_dir)
+    rounds = []
+    planner = Planner(8, proposers=(Proposer.NGRAM, DRAFT), in_target=IN_TARGET + (DRAFT,))
+    got = generate(target, None, reqs, planner=planner, ngram=NgramProposer(),
+                   on_round=rounds.append)
+    assert [r[0] for r in got] == alone
+    used = {r.proposer for r in rounds if r.k}
+    assert {Proposer.NGRAM, DRAFT} <= used, used
+    assert torch.is_grad_enabled()   # the engine's inference mode stayed inside it
