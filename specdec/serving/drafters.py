@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import torch
 
+from ..config import CheckpointError
 from ..engine import Engine
 from ..in_target import ColocatedDraft
+from ..medusa.checkpoint import load_medusa
+from ..medusa.drafting import MedusaDrafter
 from ..records import Proposer
-from .settings import NO_DRAFT, EngineSettings, InTargetSettings, model_paths
+from .settings import (ENV_PREFIX, NO_DRAFT, EngineSettings, InTargetSettings, SettingsError,
+                       model_paths)
 
 
 def attach(engine: Engine, s: EngineSettings, it: InTargetSettings, params: dict,
@@ -30,4 +34,14 @@ def attach(engine: Engine, s: EngineSettings, it: InTargetSettings, params: dict
         engine.add_drafter(Proposer.DRAFT, ColocatedDraft(colocated))
         said.append(f"draft model {draft} in target_model's process on {device} "
                     f"(draft_placement {it.draft_placement})")
+    if it.medusa_heads_path:
+        # Refused by field where they do not fit the target (medusa/checkpoint.py); the heads
+        # in the target's dtype, reading its final hidden state.
+        try:
+            heads = load_medusa(it.medusa_heads_path, engine.model.args, dtype, device)
+        except CheckpointError as e:
+            raise SettingsError(f"medusa_heads_path ({ENV_PREFIX}MEDUSA_HEADS): {e}") from None
+        engine.add_drafter(Proposer.MEDUSA, MedusaDrafter(heads, engine.vocab_size))
+        said.append(f"{heads.args.num_heads} Medusa-1 heads {it.medusa_heads_path} in "
+                    f"target_model's process on {device}")
     return said
