@@ -63,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--modes", default="greedy,sampled")
     ap.add_argument("--warmup", type=int, default=2, help="untimed requests before each run")
     ap.add_argument("--only", choices=("both", "local", "served"), default="both")
+    ap.add_argument("--placements", default="auto",
+                    help="$SPECDEC_DRAFT_PLACEMENT of the served side, comma-separated: a server "
+                         "each, the draft model's settings run on every one in turn (the others "
+                         "on the first); auto, target, separate")
+    ap.add_argument("--proposers", default="none,draft,eagle",
+                    help="the settings to run, by proposer (none: target-only)")
     ap.add_argument("--quick", action="store_true",
                     help="a fast check: 2 prompts, 16 tokens, 1 and 2 streams, greedy")
     ap.add_argument("--out", type=Path, help="also write every figure as JSON")
@@ -78,7 +84,11 @@ def parse(argv=None) -> argparse.Namespace:
     if min(args.stream_counts) < 1:
         raise SystemExit("--streams: each count must be >= 1")
     args.mode_list = modes(args.modes)
-    args.setting_list = settings(args.k)
+    wanted = args.proposers.split(",")
+    args.setting_list = [s for s in settings(args.k) if (s.proposer or "none") in wanted]
+    args.placement_list = args.placements.split(",")
+    if not set(args.placement_list) <= {"auto", "target", "separate"}:
+        raise SystemExit(f"--placements {args.placements!r}: auto, target or separate")
     if not args.scale > 0:
         raise SystemExit(f"--scale {args.scale}: must be > 0")
     if not 1 <= args.k <= MAX_DRAFT_TOKENS:

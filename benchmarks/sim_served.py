@@ -27,11 +27,12 @@ class SampledClient(GrpcClient):
             True, self.ranks)
 
 
-def start(args, max_sequences: int, max_seq_len: int) -> Server:
+def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -> Server:
     return Server(args.target, args.draft, max_sequences, max_seq_len,
                   env={"SPECDEC_SIMULATE": str(args.table),
                        "SPECDEC_SIMULATE_SCALE": str(args.scale),
-                       "SPECDEC_EAGLE_HEAD": str(args.head)})
+                       "SPECDEC_EAGLE_HEAD": str(args.head),
+                       "SPECDEC_DRAFT_PLACEMENT": placement})
 
 
 def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,

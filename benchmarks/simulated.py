@@ -41,30 +41,41 @@ def main(argv=None) -> int:
         """Prompts a run sends: --prompts, and at least one per stream."""
         return max(args.prompts, streams)
     results = {}     # (mode, streams, label) -> {"local": ..., "served": ...}
-    local = server = None
+    local = None
+    servers = {}     # placement -> Server
     try:
         if args.only in ("both", "local"):
             import sim_inproc
             local = sim_inproc.Local(args, streams_max, max_seq_len)
         if args.only in ("both", "served"):
             import sim_served
-            server = sim_served.start(args, streams_max, max_seq_len)
-        # Each setting in process and served back to back (the server idles while this
-        # process computes), so a change of load on the machine touches both sides alike.
+            for placement in args.placement_list:
+                servers[placement] = sim_served.start(args, streams_max, max_seq_len, placement)
+        # Each setting in process and served back to back (a server idles while this process
+        # computes), so a change of load on the machine touches both sides alike; with several
+        # placements, the draft model's on each server in turn.
         for mode in args.mode_list:
             for streams in args.stream_counts:
                 for s in args.setting_list:
-                    r = results.setdefault((mode.name, streams, s.label), {})
+                    local_r = None
                     if local:
                         local.run(prompts[:args.warmup], s, mode, args.max_tokens, 1)
-                        r["local"] = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
-                                               streams)
-                    if server:
-                        sim_served.run(server, texts[:args.warmup], s, mode, args.max_tokens, 1)
-                        r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
-                                                     args.max_tokens, streams)
+                        local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
+                                            streams)
+                    on = list(servers.items()) if s.proposer == "draft" else \
+                        list(servers.items())[:1]
+                    for placement, server in on or [(None, None)]:
+                        label = s.label if len(on) < 2 else f"{s.label} ({placement})"
+                        r = results.setdefault((mode.name, streams, label), {})
+                        if local_r:
+                            r["local"] = local_r
+                        if server:
+                            sim_served.run(server, texts[:args.warmup], s, mode, args.max_tokens,
+                                           1)
+                            r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
+                                                         args.max_tokens, streams)
     finally:
-        if server:
+        for server in servers.values():
             server.stop()
     rows = [row(mode, streams, label, r, args.scale)
             for (mode, streams, label), r in results.items()]
