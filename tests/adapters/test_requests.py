@@ -234,7 +234,7 @@ def test_proposer_defaults_to_the_head_else_hybrid_with_a_draft_else_lookup():
 
 
 @pytest.mark.parametrize("value,settings,message", [
-    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, eagle, hybrid"),
+    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, eagle, self, medusa, hybrid"),
     ("draft", OrchestratorSettings(draft_model_path="none"),
      "proposer: 'draft' needs a draft model, and $SPECDEC_DRAFT_MODEL is 'none'; this server "
      "drafts with ngram"),
