@@ -8,6 +8,8 @@ attention masks every position at or past it and the next write overwrites it.
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,17 @@ class KVCache:
                      head_dim: int, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * (num_slots + 1) * max_len * kv_heads * head_dim * elem
+
+    def renumbered(self, layers: Sequence[int]) -> "KVCache":
+        """This pool with its j-th layer read and written as model layer layers[j]: the same
+        tensors, for a draft that runs some of a model's layers (swift.py) and whose attention
+        indexes the cache by each layer's own number."""
+        if len(layers) > len(self.k):
+            raise ValueError(f"a pool of {len(self.k)} layers cannot hold {len(layers)}")
+        alias = copy.copy(self)
+        alias.k = {i: self.k[j] for j, i in enumerate(layers)}
+        alias.v = {i: self.v[j] for j, i in enumerate(layers)}
+        return alias
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:

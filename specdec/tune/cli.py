@@ -1,5 +1,5 @@
-"""specdec tune --target DIR (--draft DIR | --eagle-head DIR) --prompts FILE [--url HOST:PORT]
-[--out FILE]"""
+"""specdec tune --target DIR (--draft DIR | --eagle-head DIR | --self) --prompts FILE
+[--url HOST:PORT] [--out FILE]"""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="tune an EAGLE-3 head of the target (either published format, or "
                          "specdec distill --method eagle3) instead of --draft; with --url, the "
                          "server's proposer=eagle")
+    ap.add_argument("--self", dest="self_search", action="store_true",
+                    help="search the layers the target skips to draft for itself (SWIFT) "
+                         "instead of tuning --draft: prints SPECDEC_SELF_SKIP")
+    ap.add_argument("--budget", type=int, default=64,
+                    help="--self: skip sets to score at most (64)")
     ap.add_argument("--prompts", type=Path, default=pair / "heldout_prompts.jsonl",
                     help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}) or plain text, "
                          "one prompt per line: your own traffic, as close as you have it")
@@ -48,10 +53,13 @@ def run(args) -> int:
             raise ValueError
     except ValueError:
         return _fail(f"--ks: expected draft lengths >= 1, comma-separated, got {args.ks!r}")
-    if args.num_prompts < 1 or args.max_tokens < 1:
-        return _fail("--num-prompts and --max-tokens must be >= 1")
+    if args.num_prompts < 1 or args.max_tokens < 1 or args.budget < 1:
+        return _fail("--num-prompts, --max-tokens and --budget must be >= 1")
+    if args.self_search and (args.eagle_head or args.url):
+        return _fail("--self measures in process, one drafter: not with --eagle-head or --url")
+    draft_dir = None if args.eagle_head or args.self_search else args.draft
     try:
-        target_args, _ = check_pair(args.target, None if args.eagle_head else args.draft)
+        target_args, _ = check_pair(args.target, draft_dir)
         prompts = load_prompts(args.prompts, args.num_prompts)
     except (CheckpointError, PromptsError) as e:
         return _fail(str(e))
@@ -73,11 +81,20 @@ def run(args) -> int:
     max_len = min(target_args.max_position_embeddings,
                   max(len(i) for i in ids) + args.max_tokens + max(ks) + 1)
     try:
-        target, draft = load_engines(args.target, None if args.eagle_head else args.draft,
-                                     device, dtype, max_len, target_args.vocab_size,
-                                     args.eagle_head)
+        target, draft = load_engines(args.target, draft_dir, device, dtype, max_len,
+                                     target_args.vocab_size, args.eagle_head)
     except CheckpointError as e:     # a head that does not fit the target, named
         return _fail(str(e))
+    if args.self_search:
+        from .self_search import tune
+        try:
+            result, text = tune(target, ids, max(ks), args.max_tokens, target_args.eos_token_ids,
+                                args.budget, _progress(args.budget, args.quiet))
+        except ValueError as e:   # a target with no layer to skip, answers too short
+            return _fail(str(e))
+        title = _title(args, "itself, layers skipped", len(prompts), device, dtype)
+        return _write(args, device, dtype, len(prompts), Proposer.SELF, result,
+                      f"## {title}\n\n{text}")
     proposer = Proposer.EAGLE if args.eagle_head else Proposer.DRAFT
     server_ks = ([0] + ks + [AUTO]) if args.url else []
     bar = _progress(len(prompts) * (len(ks) + 1 + len(server_ks)), args.quiet)
@@ -98,7 +115,20 @@ def run(args) -> int:
                                          lambda: bar.update(1), proposer))
             bar.set_postfix(tok_s=f"{remote[-1].tokens_per_s:.1f}")
     bar.close()
+    drafter = f"the EAGLE-3 head {args.eagle_head.name}" if args.eagle_head else args.draft.name
     result = analyse(local, remote)
+    title = _title(args, drafter, len(prompts), device, dtype)
+    return _write(args, device, dtype, len(prompts), proposer, result, markdown(result, title))
+
+
+def _title(args, drafter: str, num_prompts: int, device, dtype) -> str:
+    return (f"specdec tune: {args.target.name} with {drafter} on {num_prompts} prompts x "
+            f"{args.max_tokens} tokens, {device} {str(dtype).replace('torch.', '')}")
+
+
+def _write(args, device, dtype, num_prompts: int, proposer, result: dict, text: str) -> int:
+    """The report JSON at --out; its text on stdout."""
+    import torch
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "command": " ".join(["specdec", "tune", *sys.argv[2:]]) if sys.argv[1:2] == [
                   "tune"] else " ".join(sys.argv),
@@ -107,17 +137,14 @@ def run(args) -> int:
                           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda"
                           else None, "dtype": str(dtype).replace("torch.", "")},
               "target": str(args.target), "proposer": proposer,
-              "draft": None if args.eagle_head else str(args.draft),
+              "draft": None if args.eagle_head or args.self_search else str(args.draft),
               "eagle_head": str(args.eagle_head) if args.eagle_head else None,
               "prompts": str(args.prompts),
-              "num_prompts": len(prompts), "max_tokens": args.max_tokens, "url": args.url,
+              "num_prompts": num_prompts, "max_tokens": args.max_tokens, "url": args.url,
               **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
-    drafter = f"the EAGLE-3 head {args.eagle_head.name}" if args.eagle_head else args.draft.name
-    print(markdown(result, f"specdec tune: {args.target.name} with {drafter} on "
-                           f"{len(prompts)} prompts x {args.max_tokens} tokens, {device} "
-                           f"{str(dtype).replace('torch.', '')}"))
+    print(text)
     print(f"JSON: {args.out}", file=sys.stderr)
     return 0
 
