@@ -35,12 +35,16 @@ class Local:
         # shared CPU cost more than the simulated step itself.
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         table = simulate.load_table(args.table, args.scale)
+        # One process calls one engine at a time, so the shared device changes nothing here;
+        # held all the same, as the served side holds it.
+        device = None if args.own_draft_device else \
+            simulate.Device(args.device_dir / simulate.LOCK_NAME)
         self.target = simulate.pad(Engine.load(
             str(args.target), max_sequences, max_seq_len, torch.float32, cpu,
-            vocab_size=margs.vocab_size, head_path=str(args.head)), table, "target")
+            vocab_size=margs.vocab_size, head_path=str(args.head)), table, "target", device)
         self.draft = simulate.pad(Engine.load(
             str(args.draft), max_sequences, max_seq_len, torch.float32, cpu,
-            vocab_size=margs.vocab_size), table, "draft")
+            vocab_size=margs.vocab_size), table, "draft", device)
         self.verifier, self.drafter = LocalVerifier(self.target), LocalDrafter(self.draft)
         self.eos, self.max_seq_len = margs.eos_token_ids, max_seq_len
         self.planner = Planner(MAX_DRAFT_TOKENS, None, proposers=tuple(

@@ -67,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
                     help="$SPECDEC_DRAFT_PLACEMENT of the served side, comma-separated: a server "
                          "each, the draft model's settings run on every one in turn (the others "
                          "on the first); auto, target, separate")
+    ap.add_argument("--own-draft-device", action="store_true",
+                    help="the draft model's calls on a simulated device of their own "
+                         "(SPECDEC_SIMULATE_SHARED=0); by default draft and target share one, "
+                         "as on one GPU")
     ap.add_argument("--proposers", default="none,draft,eagle",
                     help="the settings to run, by proposer (none: target-only)")
     ap.add_argument("--quick", action="store_true",

@@ -17,7 +17,9 @@ def _side(r: dict | None, proposer_draft: bool) -> dict | None:
 
 def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dict:
     """scale: the table's times were x this; the projection to x1 assumes the overhead per
-    round stays what it is while the in-process round shrinks by the scale."""
+    round stays what it is while the in-process round shrinks by the scale. Where the overhead
+    is below minus that x1 round (the in-process side ran at the CPU's pace, not the table's),
+    there is no projection: None, printed n/a."""
     draft = label.startswith("draft")
     local, served = _side(r.get("local"), draft), _side(r.get("served"), draft)
     out = {"mode": mode, "streams": streams, "setting": label, "local": local, "served": served,
@@ -27,7 +29,8 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
         out["overhead_ms"] = {key: served[key] - local[key]
                               for key in ("round_ms", "draft_ms", "verify_ms", "outside_ms")}
         at_x1 = local["round_ms"] / scale
-        out["projected_ratio_x1"] = at_x1 / max(at_x1 + out["overhead_ms"]["round_ms"], 1e-9)
+        served_x1 = at_x1 + out["overhead_ms"]["round_ms"]
+        out["projected_ratio_x1"] = at_x1 / served_x1 if served_x1 > 0 else None
     lr = r.get("local")
     if lr and lr.get("calls"):
         out["local_calls_over_table"] = lr["calls_over_table"] / lr["calls"]
@@ -51,13 +54,15 @@ def table(rows: list[dict]) -> str:
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
         calls = (r.get("bls_calls_per_round") or {}).get(prop)
         over = r.get("local_calls_over_table")
+        x1 = "n/a" if "ratio" in r and r["projected_ratio_x1"] is None else \
+            _f(r.get("projected_ratio_x1"), ".2f")
         out.append(
             f"| {r['mode']} | {r['streams']} | {r['setting']} | {_f(lo.get('tok_s'))} "
             f"| {_f(se.get('tok_s'))} | {_f(r.get('ratio'), '.2f')} "
             f"| {_f((se or lo).get('tokens_per_round'), '.2f')} "
             f"| {_f(lo.get('round_ms'))} | {_f(se.get('round_ms'))} | {_f(ov.get('round_ms'))} "
             f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
-            f"| {_f(ov.get('outside_ms'))} | {_f(r.get('projected_ratio_x1'), '.2f')} "
+            f"| {_f(ov.get('outside_ms'))} | {x1} "
             f"| {_f(calls, '.2f')} "
             f"| {_f(over if over is None else 100 * over, '.0f')} % |")
     return "\n".join(out)

@@ -28,9 +28,13 @@ class SampledClient(GrpcClient):
 
 
 def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -> Server:
+    """TMPDIR: the run's own simulated device (its lock file), shared by draft_model and
+    target_model, not with whatever else on the machine simulates one."""
     return Server(args.target, args.draft, max_sequences, max_seq_len,
                   env={"SPECDEC_SIMULATE": str(args.table),
                        "SPECDEC_SIMULATE_SCALE": str(args.scale),
+                       "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
+                       "TMPDIR": str(args.device_dir),
                        "SPECDEC_EAGLE_HEAD": str(args.head),
                        "SPECDEC_DRAFT_PLACEMENT": placement})
 

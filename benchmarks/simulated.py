@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 from inputs import load_prompts, load_tokenizer
 from machine import git_state, load_snapshot, machine
@@ -31,6 +33,8 @@ from sim_report import row, table
 def main(argv=None) -> int:
     args = parse(argv)
     exit_on_sigterm()
+    # The run's simulated device: its lock file, shared by both sides' engines (docs/simulated.md)
+    args.device_dir = Path(tempfile.mkdtemp(prefix="specdec-sim-device-"))
     streams_max = max(args.stream_counts)
     texts = load_prompts(args.prompts_file, max(args.prompts, streams_max))
     tok = load_tokenizer(args.target)
@@ -80,7 +84,8 @@ def main(argv=None) -> int:
     rows = [row(mode, streams, label, r, args.scale)
             for (mode, streams, label), r in results.items()]
     print(f"{args.prompts} prompts (at least one per stream), {args.max_tokens} tokens, "
-          f"table {args.table.name} x {args.scale:g}, "
+          f"table {args.table.name} x {args.scale:g}, draft on "
+          f"{'a device of its own' if args.own_draft_device else 'the target device'}, "
           f"load {load_snapshot()['loadavg_1_5_15']}\n")
     print(table(rows))
     if args.out:

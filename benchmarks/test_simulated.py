@@ -65,6 +65,21 @@ def test_report_splits_the_overhead():
     assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 |" in text
 
 
+def test_no_projection_below_minus_the_x1_round():
+    """An overhead below minus the in-process round at x1 (a CPU-paced in-process side) would
+    project a negative or infinite served round: no figure, n/a."""
+    local = side(100, 1.0, 1.0, 10, 0.3, 0.5)            # 100 ms a round, 25 at x1
+    served = {**side(100, 0.6, 0.6, 10, 0.2, 0.3), "bls_calls_per_round": {}}   # -40 ms
+    r = sim_report.row("sampled", 4, "draft auto", {"local": local, "served": served}, 4.0)
+    assert r["overhead_ms"]["round_ms"] == pytest.approx(-40.0)
+    assert r["projected_ratio_x1"] is None
+    assert "| n/a |" in sim_report.table([r])
+    # Just above: a figure again (25 / (25 - 20)).
+    served = {**side(100, 0.8, 0.8, 10, 0.2, 0.3), "bls_calls_per_round": {}}
+    r = sim_report.row("sampled", 4, "draft auto", {"local": local, "served": served}, 4.0)
+    assert r["projected_ratio_x1"] == pytest.approx(5.0)
+
+
 def test_derived_tables_match_their_checks(tmp_path):
     t = sim_tables.derived("both", 512)
     assert t["simulated"] is True and "SIMULATED" in t["device"]

@@ -21,15 +21,25 @@ call whose tokens a row outrun the table's k (a prefill) costs a step plus prefi
 for each token of the batch. benchmarks/sim_tables.py writes tables (derived ones, or one from
 a costs.py result measured on your own GPU); docs/simulated.md says how they are derived.
 
-    engine = pad(engine, load_table("benchmarks/sim/h100-8b-1b.json"), "target")
+One device for the machine: draft and target on one GPU share it, so by default every padded
+call holds the simulated device (an flock on a file in tempfile.gettempdir(), i.e. $TMPDIR) from
+its start to its padded end, and calls of different processes (draft_model's and
+target_model's) run one after another as kernels on one GPU would, never overlapping.
+SPECDEC_SIMULATE_SHARED=0 gives each process a device of its own (a draft on a GPU of its own).
+
+    engine = pad(engine, load_table("benchmarks/sim/h100-8b-1b.json"), "target", shared_device())
     # served: SPECDEC_SIMULATE=benchmarks/sim/h100-8b-1b.json (engine_model.py calls from_env)
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
+import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +49,8 @@ FORMAT = "specdec-simulated-costs/1"
 ENV = "SPECDEC_SIMULATE"
 SCALE_ENV = "SPECDEC_SIMULATE_SCALE"   # every time x this: a slower device, where the CPU's
                                       # own compute would outrun the table's times
+SHARED_ENV = "SPECDEC_SIMULATE_SHARED"   # 1 (default): one device for every padded process
+LOCK_NAME = "specdec-simulated-device.lock"
 VERIFY, PROPOSE, HEAD = "verify", "propose", "head"
 _CURVES = ("verify_ms", "propose_ms", "head_verify_ms")
 
@@ -187,13 +199,66 @@ def load_table(path: str | Path, scale: float = 1.0) -> CostTable:
     return table
 
 
+class Device:
+    """The one simulated device that a lock file names: a call holds it from its start to its
+    padded end. Re-entrant in a process (a co-located draft's calls run inside the target's
+    verification); one open file per process, as flock excludes open files, not processes."""
+    _open: dict[str, "Device"] = {}
+
+    def __new__(cls, path: str | Path):
+        key = str(Path(path).resolve())
+        if key not in cls._open:
+            dev = super().__new__(cls)
+            dev.path, dev.fd, dev.depth, dev.mutex = Path(key), None, 0, threading.RLock()
+            cls._open[key] = dev
+        return cls._open[key]
+
+    @contextmanager
+    def hold(self):
+        with self.mutex:
+            if self.depth == 0:
+                if self.fd is None:
+                    self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+            self.depth += 1
+            try:
+                yield
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def shared_device(env=os.environ) -> Device | None:
+    """$SPECDEC_SIMULATE_SHARED: 1 (unset): the machine's one device, its lock file in
+    tempfile.gettempdir(); 0: None, every process a device of its own."""
+    value = env.get(SHARED_ENV, "1")
+    if value not in ("0", "1"):
+        raise TableError(f"{SHARED_ENV}={value!r}: 1 (draft and target share one simulated "
+                         f"device) or 0 (a device each)")
+    return Device(Path(tempfile.gettempdir()) / LOCK_NAME) if value == "1" else None
+
+
 @dataclass
 class SimStats:
     calls: int = 0
     over: int = 0              # calls whose real compute already took longer than the table's
     real_s: float = 0.0
     simulated_s: float = 0.0
+    waited_s: float = 0.0      # for the shared device, before the call could start
     by_kind: dict[str, int] = field(default_factory=dict)
+
+
+@contextmanager
+def _held(device: Device | None, stats: SimStats):
+    """The device for the call's whole interval (none: nothing to wait for)."""
+    if device is None:
+        yield
+        return
+    t0 = time.perf_counter()
+    with device.hold():
+        stats.waited_s += time.perf_counter() - t0
+        yield
 
 
 def _finish(stats: SimStats, t0: float, seconds: float, kind: str) -> None:
@@ -209,9 +274,10 @@ def _finish(stats: SimStats, t0: float, seconds: float, kind: str) -> None:
         time.sleep(seconds - real)
 
 
-def pad(engine, table: CostTable, role: str):
+def pad(engine, table: CostTable, role: str, device: Device | None = None):
     """Make engine's propose (role draft) or verify (role target, with its head's drafting when
-    it serves one) take at least the table's time; returns the engine. Its SimStats are
+    it serves one) take at least the table's time, holding `device` (shared_device()) from each
+    call's start to its padded end when given; returns the engine. Its SimStats are
     engine.simulated."""
     if role not in ("draft", "target"):
         raise ValueError(f"role must be draft or target, not {role!r}")
@@ -231,12 +297,13 @@ def pad(engine, table: CostTable, role: str):
         real = engine.propose
 
         def propose(calls):
-            t0 = time.perf_counter()
-            out = real(calls)
-            ok = [c for c, r in zip(calls, out) if not isinstance(r, Exception)]
-            s = table.seconds(PROPOSE, len(ok), max((len(c.tokens) for c in ok), default=0),
-                              max((c.k for c in ok), default=0))
-            _finish(stats, t0, s, PROPOSE)
+            with _held(device, stats):
+                t0 = time.perf_counter()
+                out = real(calls)
+                ok = [c for c, r in zip(calls, out) if not isinstance(r, Exception)]
+                s = table.seconds(PROPOSE, len(ok), max((len(c.tokens) for c in ok), default=0),
+                                  max((c.k for c in ok), default=0))
+                _finish(stats, t0, s, PROPOSE)
             return out
         engine.propose = propose
         return engine
@@ -244,22 +311,24 @@ def pad(engine, table: CostTable, role: str):
     real = engine.verify
     # A draft model in the target's process drafts inside the verification: its calls are
     # padded as draft_model's are (it sleeps them out there), and the verification lasts its
-    # own time on top of theirs.
-    inner = pad(colocated.engine, table, "draft").simulated if colocated is not None else None
+    # own time on top of theirs (the device is held once, through both).
+    inner = pad(colocated.engine, table, "draft", device).simulated \
+        if colocated is not None else None
 
     def verify(calls):
-        t0 = time.perf_counter()
-        drafted_before = inner.simulated_s if inner is not None else 0.0
-        out = real(calls)
-        ok = [(c, r) for c, r in zip(calls, out) if not isinstance(r, Exception)]
-        s = table.seconds(VERIFY, len(ok), max((len(c.tokens) for c, _ in ok), default=0),
-                          max((r.batch_k for _, r in ok), default=0))
-        drafting = [r for c, r in ok if c.next_k is not None and c.next_by == Proposer.EAGLE]
-        if head and drafting:
-            s += table.seconds(HEAD, len(drafting), 1, max(r.steps for r in drafting))
-        if inner is not None:
-            s += inner.simulated_s - drafted_before
-        _finish(stats, t0, s, VERIFY)
+        with _held(device, stats):
+            t0 = time.perf_counter()
+            drafted_before = inner.simulated_s if inner is not None else 0.0
+            out = real(calls)
+            ok = [(c, r) for c, r in zip(calls, out) if not isinstance(r, Exception)]
+            s = table.seconds(VERIFY, len(ok), max((len(c.tokens) for c, _ in ok), default=0),
+                              max((r.batch_k for _, r in ok), default=0))
+            drafting = [r for c, r in ok if c.next_k is not None and c.next_by == Proposer.EAGLE]
+            if head and drafting:
+                s += table.seconds(HEAD, len(drafting), 1, max(r.steps for r in drafting))
+            if inner is not None:
+                s += inner.simulated_s - drafted_before
+            _finish(stats, t0, s, VERIFY)
         return out
     engine.verify = verify
     return engine
@@ -276,8 +345,10 @@ def from_env(engine, role: str, env=os.environ):
     except ValueError:
         raise TableError(f"{SCALE_ENV}={env[SCALE_ENV]!r} is not a number") from None
     table = load_table(path, scale)
+    device = shared_device(env)
+    where = f"one device shared through {device.path}" if device else "a device of its own"
     print(f"*** {ENV}={path}: {role}_model's engine calls are padded to SIMULATED times of "
-          f"{table.device} x {scale:g}. For benchmarks only: this server is slowed on "
-          f"purpose. ***",
+          f"{table.device} x {scale:g} ({where}). For benchmarks only: this server is slowed "
+          f"on purpose. ***",
           file=sys.stderr, flush=True)
-    return pad(engine, table, role)
+    return pad(engine, table, role, device)

@@ -188,3 +188,73 @@ def test_a_colocated_draft_is_padded_inside_the_verification(pair_dir, monkeypat
         row.pop("propose_ms")
     with pytest.raises(simulate.TableError, match="propose_ms"):
         simulate.pad(target, simulate.parse_table(data), "target")
+
+
+# A process of its own: a draft engine padded through from_env (as draft_model and target_model
+# are), its calls from a common start; prints each padded call's wall-clock interval.
+_PADDED_PROCESS = r"""
+import json, sys, time
+from types import SimpleNamespace
+from specdec import simulate
+table, start, calls = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+spans = []
+class Engine:
+    def propose(self, batch):
+        spans.append([time.time()])
+        return [None for _ in batch]
+engine = simulate.from_env(Engine(), "draft")
+while time.time() < start:
+    time.sleep(0.005)
+for _ in range(calls):
+    engine.propose([SimpleNamespace(tokens=[1], k=1)])
+    spans[-1].append(time.time())
+print(json.dumps(spans))
+"""
+
+
+def _padded_spans(tmp_path, shared: str, calls: int = 4) -> list[list[tuple[float, float]]]:
+    import os
+    import subprocess
+    import sys
+    data = table_data()
+    for row in data["batches"].values():
+        row["propose_ms"] = {"1": 150.0, "4": 150.0}     # 0.15 s a call
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    env = {**os.environ, simulate.ENV: str(path), simulate.SHARED_ENV: shared,
+           "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    start = time.time() + 2.0     # both imported by then, on a loaded machine
+    procs = [subprocess.Popen([sys.executable, "-c", _PADDED_PROCESS, str(path), str(start),
+                               str(calls)], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    out = [p.communicate(timeout=30)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    return [[tuple(s) for s in json.loads(o)] for o in out]
+
+
+def _overlap(a, b) -> float:
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
+def test_two_processes_share_one_simulated_device(tmp_path):
+    """draft_model and target_model on one GPU: their padded calls run one after another (the
+    lock file in $TMPDIR); with SPECDEC_SIMULATE_SHARED=0, a device each, they overlap."""
+    a, b = _padded_spans(tmp_path, "1")
+    assert all(e - s >= 0.15 for s, e in a + b)
+    # A call's end is read just after it gives the device up: a few ms of slack.
+    assert _overlap(a, b) < 0.03
+    assert (tmp_path / simulate.LOCK_NAME).exists()
+    a, b = _padded_spans(tmp_path, "0")
+    assert _overlap(a, b) > 0.3     # the negative control: four calls each, side by side
+    with pytest.raises(simulate.TableError, match="SPECDEC_SIMULATE_SHARED='2'"):
+        simulate.shared_device({simulate.SHARED_ENV: "2"})
+
+
+def test_the_device_is_reentrant_in_a_process(tmp_path):
+    """A co-located draft's calls hold the device inside the verification that holds it."""
+    dev = simulate.Device(tmp_path / "lock")
+    assert simulate.Device(tmp_path / "lock") is dev
+    with dev.hold():
+        with dev.hold():
+            assert dev.depth == 2
+    assert dev.depth == 0
