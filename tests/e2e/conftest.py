@@ -137,6 +137,29 @@ def eagle_server(tmp_path_factory):
         "SPECDEC_DRAFT_PLACEMENT": "separate"})
 
 
+@pytest.fixture(scope="session")
+def distilled(tmp_path_factory) -> tuple[Path, Path]:
+    """(draft, Medusa-1 heads): `specdec distill` and `--method medusa` on the default target,
+    tiny runs."""
+    from tests.core.distill_helpers import DEFAULT_TARGET, distill
+    out = tmp_path_factory.mktemp("distilled")
+    assert distill(DEFAULT_TARGET, out / "draft", "--steps", "2") == 0
+    assert distill(DEFAULT_TARGET, out / "medusa", "--method", "medusa", "--steps", "8") == 0
+    return out / "draft", out / "medusa"
+
+
+@pytest.fixture(scope="session")
+def distilled_server(tmp_path_factory, distilled):
+    """Both served: test_distill_serve.py's draft (the default proposer) and test_medusa.py's
+    heads (`proposer=medusa`). Nothing times out on a busy machine: the rounds are then exactly
+    the in-process loop's."""
+    draft, heads = distilled
+    yield from launch(tmp_path_factory, {
+        "SPECDEC_DRAFT_MODEL": str(draft), "SPECDEC_MEDUSA_HEADS": str(heads),
+        "SPECDEC_MAX_SEQUENCES": "2", "SPECDEC_DEFAULT_PROPOSER": "draft",
+        "SPECDEC_DRAFT_TIMEOUT_S": "600"})
+
+
 def post(server: Server, path: str, body: dict) -> tuple[int, dict]:
     """Raw HTTP, for what the client would refuse to send."""
     return post_raw(server, path, json.dumps(body).encode())

@@ -1,7 +1,6 @@
 """A draft made by `specdec distill` from the default target is served by a real tritonserver
 through SPECDEC_DRAFT_MODEL: it loads, the output is the target's own, and the server accepts
 exactly the draft tokens that this draft, run in process, gets accepted."""
-import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -10,29 +9,14 @@ from specdec.engine import Engine
 from specdec.records import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process
-from tests.core.distill_helpers import DEFAULT_TARGET, distill
-from tests.e2e.conftest import heldout_prompts, launch
+from tests.core.distill_helpers import DEFAULT_TARGET
+from tests.e2e.conftest import heldout_prompts
 
 PROMPTS = heldout_prompts(2)
 
 
-@pytest.fixture(scope="module")
-def draft(tmp_path_factory):
-    out = tmp_path_factory.mktemp("distilled") / "draft"
-    assert distill(DEFAULT_TARGET, out, "--steps", "2") == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def distilled_server(tmp_path_factory, draft):
-    # The draft model alone proposes (no prompt lookup beside it), never timed out on a busy
-    # machine: the rounds are then exactly the in-process loop's.
-    yield from launch(tmp_path_factory, {
-        "SPECDEC_DRAFT_MODEL": str(draft), "SPECDEC_MAX_SEQUENCES": "2",
-        "SPECDEC_DEFAULT_PROPOSER": "draft", "SPECDEC_DRAFT_TIMEOUT_S": "600"})
-
-
-def test_server_serves_a_distilled_draft(distilled_server, draft):
+def test_server_serves_a_distilled_draft(distilled_server, distilled):
+    draft = distilled[0]
     cpu = torch.device("cpu")
     tokenizer = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
     target = Engine.load(str(DEFAULT_TARGET), 2, 128, torch.float32, cpu)
