@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 
 from ..config import CheckpointError
-from ..engine import Engine
+from ..engine import Engine, _free_memory
 from ..in_target import ColocatedDraft
 from ..medusa.checkpoint import load_medusa
 from ..medusa.drafting import MedusaDrafter
 from ..records import Proposer
+from ..swift import SkipView, format_skip, parse_skip
 from .settings import (ENV_PREFIX, NO_DRAFT, EngineSettings, InTargetSettings, SettingsError,
                        model_paths)
 
@@ -44,4 +45,30 @@ def attach(engine: Engine, s: EngineSettings, it: InTargetSettings, params: dict
         engine.add_drafter(Proposer.MEDUSA, MedusaDrafter(heads, engine.vocab_size))
         said.append(f"{heads.args.num_heads} Medusa-1 heads {it.medusa_heads_path} in "
                     f"target_model's process on {device}")
+    if it.self_skip:
+        said.append(_attach_self(engine, s, it.self_skip, device, dtype))
     return said
+
+
+def _attach_self(engine: Engine, s: EngineSettings, text: str, device: torch.device,
+                 dtype: torch.dtype) -> str:
+    """SWIFT (swift.py): the target's own layers less the skip set, drafting from a slot pool of
+    the kept layers alone, as long as the target's."""
+    n = engine.model.args.num_layers
+    name = f"self_skip ({ENV_PREFIX}SELF_SKIP)"
+    try:
+        view = SkipView(engine.model, parse_skip(text, n, name))
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
+    need, free = view.kv_bytes(s.max_sequences, s.max_seq_len, dtype), _free_memory(device)
+    if need > free:
+        raise SettingsError(f"{name}: its KV slot pool of {len(view.kept)} layers x "
+                            f"{s.max_sequences} sequences x {s.max_seq_len} tokens needs "
+                            f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}")
+    drafting = Engine(view, s.max_sequences, s.max_seq_len, device,
+                      vocab_size=engine.vocab_size, attention_kind=s.attention,
+                      cuda_graphs=s.cuda_graphs and device.type == "cuda")
+    engine.add_drafter(Proposer.SELF, ColocatedDraft(drafting))
+    return (f"the target drafting for itself (SWIFT) in target_model's process on {device}: "
+            f"layers {format_skip(view.skip)} skipped, {len(view.kept)} of {n} kept, KV "
+            f"{need / 2**20:.0f} MiB")
