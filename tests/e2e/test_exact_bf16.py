@@ -47,9 +47,15 @@ def run_all(server, **params) -> list[str]:
         return list(pool.map(lambda prompt: generate(server.http, prompt, p).text, PROMPTS))
 
 
+@pytest.fixture(scope="module")
+def plain(server) -> list[str]:
+    """The server's target-only output, the reference of every proposer."""
+    texts = run_all(server, num_draft_tokens=0)
+    assert all(texts)
+    return texts
+
+
 @pytest.mark.parametrize("proposer,k", [("draft", 4), ("draft", -1), ("ngram", 8),
                                         ("eagle", 3), ("hybrid", -1)])
-def test_every_proposer_equals_target_only_in_bfloat16(server, proposer, k):
-    plain = run_all(server, num_draft_tokens=0)
-    assert all(plain)
+def test_every_proposer_equals_target_only_in_bfloat16(server, plain, proposer, k):
     assert run_all(server, num_draft_tokens=k, proposer=proposer) == plain
