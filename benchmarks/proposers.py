@@ -1,6 +1,8 @@
 """Which proposer pays where: target-only, the draft model, n-gram lookup and hybrid (lookup when
 it has a match, else the draft model) with a fixed K on the repeating and free workloads
-(workloads.py), in this process with the project's engine and loop, no Triton.
+(workloads.py), in this process with the project's engine and loop, no Triton. With --medusa,
+also Medusa-1 heads (specdec/medusa/) drafting inside the target's verification, as
+target_model serves them; --proposers picks the settings.
 
 Every setting runs the same prompts for the same max_tokens at temperature 0 with 1 or more
 concurrent streams (specdec.local batches concurrent calls as Triton's dynamic batcher would).
@@ -8,11 +10,13 @@ Settings alternate within each repeat, so a load change on the machine touches a
 Per row: output tokens per second of wall time and per second of this process's CPU time (less
 disturbed than wall time when other jobs share the machine; with --threads 1 it is close to what
 a quiet core gives), each against target-only (same workload and streams), acceptance, tokens
-per round, tokens proposed per round, the proposer's time per round (as the loop waits for it)
-and whether every output equals target-only's.
+per round, tokens proposed per round, the proposer's time per round (as the loop waits for it),
+acceptance by draft position (accepted / drafted at 1..K) and whether every output equals
+target-only's.
 
     .venv/bin/python benchmarks/proposers.py    # 16 prompts each, 64 tokens, K 4,8, 1 and 4 streams
     .venv/bin/python benchmarks/proposers.py --prompts 4 --streams 1 --repeats 1    # a quick look
+    .venv/bin/python benchmarks/proposers.py --medusa HEADS --proposers medusa --workloads free
 """
 from __future__ import annotations
 
@@ -35,22 +39,24 @@ from specdec.config import ModelArgs
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import speculate
+from specdec.medusa.checkpoint import load_medusa
+from specdec.medusa.drafting import MedusaDrafter
 from specdec.ngram import MAX_N, MIN_N, NgramProposer
-from specdec.records import Request
+from specdec.records import Proposer, Request
 
 
-PROPOSERS = (("draft", "draft"), ("ngram", "n-gram"), ("hybrid", "hybrid"))
+PROPOSERS = {"draft": "draft", "ngram": "n-gram", "hybrid": "hybrid", "medusa": "Medusa"}
 
 
-def settings(ks: list[int]) -> list[tuple[str, str, int]]:
+def settings(ks: list[int], proposers: list[str]) -> list[tuple[str, str, int]]:
     """(label, proposer, k): target-only first, the baseline of every speedup."""
-    return [("target-only", "draft", 0)] + [(f"{label} K={k}", proposer, k)
-                                            for proposer, label in PROPOSERS for k in ks]
+    return [("target-only", "draft", 0)] + [(f"{PROPOSERS[p]} K={k}", p, k)
+                                            for p in proposers for k in ks]
 
 
 def run(prompts: list[list[int]], k: int, proposer: str, drafter, ngram, verifier, streams: int,
-        max_tokens: int, max_len: int, eos: tuple[int, ...],
-        seq) -> tuple[list[list[int]], list, float, float]:
+        max_tokens: int, max_len: int, eos: tuple[int, ...], seq, in_target: tuple = (),
+        on_round=None) -> tuple[list[list[int]], list, float, float]:
     """All prompts through `streams` concurrent sequences: (outputs, stats, wall s, CPU s)."""
     outputs: list[list[int]] = [[] for _ in prompts]
     stats: list = [None] * len(prompts)
@@ -60,7 +66,8 @@ def run(prompts: list[list[int]], k: int, proposer: str, drafter, ngram, verifie
         for i in todo:
             req = Request(prompts[i], max_tokens, k, eos=eos, proposer=proposer)
             stats[i] = await speculate(next(seq), req, drafter, verifier, max_len,
-                                       lambda c, i=i: outputs[i].extend(c.tokens), ngram=ngram)
+                                       lambda c, i=i: outputs[i].extend(c.tokens), ngram=ngram,
+                                       in_target=in_target, on_round=on_round)
 
     async def all_streams():
         await asyncio.gather(*(worker() for _ in range(streams)))
@@ -73,15 +80,16 @@ def run(prompts: list[list[int]], k: int, proposer: str, drafter, ngram, verifie
 def table(rows: list[dict]) -> str:
     out = ["| workload | streams | setting | tok/s | vs target-only | tok/CPU-s | vs target-only "
            "| acceptance | tokens/round | proposed/round | propose ms/round "
-           "| output = target-only |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| acceptance by position | output = target-only |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         acc_s = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        by_pos = " / ".join(f"{a:.2f}" for a in r["acceptance_by_position"]) or "-"
         out.append(f"| {r['workload']} | {r['streams']} | {r['setting']} "
                    f"| {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x "
                    f"| {r['tokens_per_cpu_s']:.1f} | {r['speedup_cpu']:.2f}x "
                    f"| {acc_s} | {r['tokens_per_round']:.2f} | {r['proposed_per_round']:.2f} "
-                   f"| {r['propose_ms_per_round']:.3f} "
+                   f"| {r['propose_ms_per_round']:.3f} | {by_pos} "
                    f"| {'yes' if r['equal_to_target_only'] else 'NO'} |")
     return "\n".join(out)
 
@@ -99,12 +107,20 @@ def main(argv=None) -> int:
     ap.add_argument("--max-n", type=int, default=MAX_N)
     ap.add_argument("--min-n", type=int, default=MIN_N)
     ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--medusa", type=Path, help="Medusa-1 heads for the target (distill --method "
+                    "medusa): adds the medusa settings")
+    ap.add_argument("--proposers", help="of: " + ",".join(PROPOSERS) + " (default: "
+                    "draft,ngram,hybrid, and medusa with --medusa)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads, 0 = torch's default")
     ap.add_argument("--out", type=Path, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
+    proposers = (args.proposers.split(",") if args.proposers else
+                 ["draft", "ngram", "hybrid"] + (["medusa"] if args.medusa else []))
+    if "medusa" in proposers and not args.medusa:
+        ap.error("--proposers medusa needs --medusa HEADS")
     stream_counts = [int(s) for s in args.streams.split(",")]
     tok = load_tokenizer(args.target)
     margs = ModelArgs.from_dir(args.target)
@@ -114,6 +130,11 @@ def main(argv=None) -> int:
                          vocab_size=margs.vocab_size)
     draft = Engine.load(str(args.draft), slots, args.max_seq_len, torch.float32, cpu,
                         vocab_size=margs.vocab_size)
+    in_target: tuple = ()
+    if args.medusa:   # as target_model attaches them (serving/drafters.py)
+        heads = load_medusa(args.medusa, margs, torch.float32, cpu)
+        target.add_drafter(Proposer.MEDUSA, MedusaDrafter(heads, target.vocab_size))
+        in_target = (Proposer.MEDUSA,)
     verifier, draft_model = LocalVerifier(target), LocalDrafter(draft)
     seq = itertools.count(1)
     rows = []
@@ -121,15 +142,17 @@ def main(argv=None) -> int:
         prompts = [tok(p)["input_ids"] for p in load_prompts(WORKLOADS[workload], args.prompts)]
         for streams in stream_counts:
             acc = {label: dict(tokens=0, wall=0.0, cpu=0.0, drafted=0, accepted=0, rounds=0,
-                               propose_s=0.0, same=True)
-                   for label, _, _ in settings(ks)}
+                               propose_s=0.0, same=True, at=[0] * k, ok_at=[0] * k)
+                   for label, _, k in settings(ks, proposers)}
             reference = None
             for rep in range(args.repeats + 1):        # pass 0 warms up, untimed
-                for label, proposer, k in settings(ks):
+                for label, proposer, k in settings(ks, proposers):
+                    by_position = []   # (drafted, accepted) of each timed round
                     outs, stats, wall, cpu = run(
                         prompts[:2] if rep == 0 else prompts, k, proposer, draft_model,
                         NgramProposer(args.max_n, args.min_n), verifier, streams,
-                        args.max_tokens, args.max_seq_len, margs.eos_token_ids, seq)
+                        args.max_tokens, args.max_seq_len, margs.eos_token_ids, seq, in_target,
+                        lambda r: by_position.append((r.k, r.accepted)))
                     if rep == 0:
                         continue
                     reference = reference or outs
@@ -137,6 +160,10 @@ def main(argv=None) -> int:
                     a["same"] &= outs == reference
                     a["wall"] += wall
                     a["cpu"] += cpu
+                    for drafted, accepted in by_position:
+                        for j in range(min(drafted, k)):
+                            a["at"][j] += 1
+                            a["ok_at"][j] += j < accepted
                     for s in stats:
                         a["tokens"] += s.num_output_tokens
                         a["drafted"] += s.total_draft_tokens
@@ -146,7 +173,7 @@ def main(argv=None) -> int:
                     tokens = sum(s.num_output_tokens for s in stats)
                     log(f"{workload} x{streams} {label}: {tokens / wall:.1f} tok/s")
             base = acc["target-only"]
-            for label, proposer, k in settings(ks):
+            for label, proposer, k in settings(ks, proposers):
                 a = acc[label]
                 rows.append({
                     "workload": workload, "streams": streams, "setting": label, "k": k,
@@ -158,6 +185,8 @@ def main(argv=None) -> int:
                     "tokens_per_round": a["tokens"] / a["rounds"],
                     "proposed_per_round": a["drafted"] / a["rounds"],
                     "propose_ms_per_round": a["propose_s"] / a["rounds"] * 1e3,
+                    "acceptance_by_position": [ok / n if n else 0.0
+                                               for ok, n in zip(a["ok_at"], a["at"])],
                     "equal_to_target_only": a["same"]})
     print(f"{len(prompts)} prompts per workload, {args.max_tokens} tokens, greedy, "
           f"{args.repeats} timed passes, n-gram n {args.max_n}..{args.min_n}, "
