@@ -28,8 +28,16 @@ class _Batcher:
 
     def _flush(self):
         batch, self.pending = self.pending, []
-        for (_, fut), result in zip(batch, self.run([c for c, _ in batch])):
-            if not fut.cancelled():
+        try:
+            results = self.run([c for c, _ in batch])
+        except Exception as exc:   # the whole batch failed: every caller hears it, none waits
+            results = [exc] * len(batch)
+        for (_, fut), result in zip(batch, results):
+            if fut.cancelled():
+                continue
+            if isinstance(result, Exception) and not isinstance(result, SlotError):
+                fut.set_exception(result)
+            else:
                 fut.set_result(result)
 
 

@@ -259,6 +259,7 @@ class Adaptive(Policy):
             planner.probe_max, max(every, every / max(self.acceptance(p)[0], 1e-3))))
             for p in proposers}
         self.probe: Proposer | None = None   # the proposer this round's k = 1 probes
+        self.idle_ahead = 0   # rounds the in-target drafter, off, was asked for nothing
         self.drafted_rounds = 0
 
     def acceptance(self, proposer: Proposer) -> list[float]:
@@ -291,6 +292,8 @@ class Adaptive(Policy):
         for p in self._offered(available):
             kmax = min(cap, (available or {}).get(p, cap))
             if kmax == 0:
+                if p == self.ahead and self.idle_ahead:   # lookahead left it off: no proposal
+                    why = Off.ACCEPTANCE
                 continue
             if p == Proposer.DRAFT and p not in self.planner.in_target and \
                     self.planner.draft_blocked(self):
@@ -341,11 +344,23 @@ class Adaptive(Policy):
         if p is None or cap == 0:
             return 0
         # What the next round will take: the estimates' best, one more when that round
-        # stretches (its choice reaches one past the best); at least one, or a head that is off
-        # could never be probed. Every step drafted runs over the whole batch, so a step drafted
-        # every round for the one round in STRETCH_EVERY that uses it costs every row a step.
-        k = _best(self.acceptance(p)[:cap], self.costs(), p)[0]
+        # stretches (its choice reaches one past the best). Every step drafted runs over the
+        # whole batch, so a step drafted every round for the one round in STRETCH_EVERY that
+        # uses it costs every row a step.
+        costs = self.costs()
+        k = _best(self.acceptance(p)[:cap], costs, p)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
+        if k == 0 and costs.propose_s(p, 1) - costs.propose_s(p, 0) > 0.1 * costs.verify(0):
+            # Off, and its step dear (the target with layers skipped, a draft model): one token
+            # only for the round that will probe it, or every round would pay a step for drafts
+            # thrown away. A head's step is cheap: it drafts one every round, ready to probe.
+            self.idle_ahead += 1
+            if self.idle_ahead < self.probe_every[p]:
+                return 0
+            self.idle_ahead = 0
+            self.off_rounds[p] = self.probe_every[p]   # the next choice probes what it drafts
+            return 1
+        self.idle_ahead = 0
         return min(cap, max(1, k + stretches))
 
     def observe(self, r: Round) -> None:
