@@ -54,8 +54,13 @@ def _attach_self(engine: Engine, s: EngineSettings, text: str, device: torch.dev
                  dtype: torch.dtype) -> str:
     """SWIFT (swift.py): the target's own layers less the skip set, drafting from a slot pool of
     the kept layers alone, as long as the target's."""
-    n = engine.model.args.num_layers
     name = f"self_skip ({ENV_PREFIX}SELF_SKIP)"
+    if s.tensor_parallel > 1:
+        # The skipped view runs the target's own sharded layers: their all_reduce needs every
+        # rank, and the drafters run on rank 0 alone.
+        raise SettingsError(f"{name}: not served at tensor_parallel ({ENV_PREFIX}TENSOR_PARALLEL)"
+                            f" {s.tensor_parallel}: the target drafts for itself at degree 1 only")
+    n = engine.model.args.num_layers
     try:
         view = SkipView(engine.model, parse_skip(text, n, name))
     except ValueError as e:

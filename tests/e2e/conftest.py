@@ -148,14 +148,19 @@ def distilled(tmp_path_factory) -> tuple[Path, Path]:
     return out / "draft", out / "medusa"
 
 
+SELF_SKIP = "2,4"   # the set `specdec tune --self` finds on the default target (docs/swift.md)
+
+
 @pytest.fixture(scope="session")
 def distilled_server(tmp_path_factory, distilled):
-    """Both served: test_distill_serve.py's draft (the default proposer) and test_medusa.py's
-    heads (`proposer=medusa`). Nothing times out on a busy machine: the rounds are then exactly
-    the in-process loop's."""
+    """All served: test_distill_serve.py's draft (the default proposer) and, in
+    test_in_target_proposers.py, the heads (`proposer=medusa`) and the target skipping layers
+    2 and 4 of its 6 (`proposer=self`). Nothing times out on a busy machine: the rounds are then
+    exactly the in-process loop's."""
     draft, heads = distilled
     yield from launch(tmp_path_factory, {
         "SPECDEC_DRAFT_MODEL": str(draft), "SPECDEC_MEDUSA_HEADS": str(heads),
+        "SPECDEC_SELF_SKIP": SELF_SKIP,
         "SPECDEC_MAX_SEQUENCES": "2", "SPECDEC_DEFAULT_PROPOSER": "draft",
         "SPECDEC_DRAFT_TIMEOUT_S": "600"})
 

@@ -1,7 +1,9 @@
-"""Medusa-1 heads made by `specdec distill --method medusa` for the default target, served by a
-real tritonserver through SPECDEC_MEDUSA_HEADS (conftest.distilled_server, beside the distilled
-draft): `proposer=medusa` gives the target's own text over HTTP and gRPC streaming, its rounds
-are the in-process loop's, sampling with a seed repeats, and a round is one BLS call."""
+"""The proposers that draft inside the target's verification, served by one real tritonserver
+(conftest.distilled_server, beside the distilled draft): Medusa-1 heads made by `specdec distill
+--method medusa` (SPECDEC_MEDUSA_HEADS) and SWIFT, the target skipping layers 2 and 4
+(SPECDEC_SELF_SKIP). Each request names its proposer. `proposer=medusa` gives the target's own
+text over HTTP and gRPC streaming, its rounds are the in-process loop's, sampling with a seed
+repeats, and a round is one BLS call; `proposer=self` the same, on the same server."""
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -72,3 +74,21 @@ def test_a_medusa_round_is_one_bls_call(distilled_server):
     assert distilled_server.metric("specdec_draft_tokens_total", proposer="medusa") > 0
     assert distilled_server.metric("specdec_drafted_at_position_total", proposer="medusa",
                                    position="4") > 0
+
+
+def test_self_greedy_equals_the_target_alone_and_sampling_repeats(distilled_server,
+                                                                   target_alone):
+    params = greedy(num_draft_tokens=4, proposer="self")
+    assert ["".join(grpc_stream(distilled_server.grpc, p, params)) for p in PROMPTS] == target_alone
+    assert generate(distilled_server.http, PROMPTS[0], params).total_draft_tokens > 0
+    sampled = GenerationParams(max_tokens=TOKENS, temperature=0.9, top_p=0.95, seed=5,
+                               num_draft_tokens=3, proposer="self")
+    a, b = ("".join(grpc_stream(distilled_server.grpc, PROMPTS[2], sampled)) for _ in range(2))
+    assert a == b and a
+
+
+def test_a_self_round_is_one_bls_call(distilled_server):
+    generate(distilled_server.http, PROMPTS[1], greedy(num_draft_tokens=4, proposer="self"))
+    assert wait_for(lambda: distilled_server.metric("specdec_bls_calls_per_round",
+                                                    proposer="self", placement="target") == 1.0)
+    assert distilled_server.metric("specdec_draft_tokens_total", proposer="self") > 0
