@@ -18,6 +18,7 @@ from .adapter import error_response, parameters, read_inputs
 from .checks import check_one_instance, say
 from .dlpack import read_torch, torch_output
 from .drafters import attach
+from .requests import InvalidInput
 from .settings import EngineSettings, InTargetSettings, check_device
 from .tokenizer import check_draft_tokenizer
 
@@ -116,8 +117,9 @@ class _EngineModel:
         if self.engine is None:
             why = ("its draft runs in target_model ($SPECDEC_DRAFT_PLACEMENT)" if self.colocated
                    else "$SPECDEC_DRAFT_MODEL=none")
-            return [error_response(self.pb, RuntimeError(f"{self.role}_model is disabled: {why}"))
-                    for _ in requests]
+            # The caller's mistake, not a failure of this model: refused, not logged as one.
+            refusal = InvalidInput(f"{self.role}_model is disabled: {why}")
+            return [error_response(self.pb, refusal) for _ in requests]
         try:
             return self._execute(requests)
         finally:

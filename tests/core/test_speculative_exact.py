@@ -112,6 +112,7 @@ def test_context_window_ends_generation(pair_dir):
 class Scripted:
     """A policy that plays a fixed schedule of k, whatever the request allows."""
     proposers = ("draft",)
+    ahead = None   # no drafter in the target's process
 
     def __init__(self, ks):
         self.ks = iter(ks)

@@ -86,10 +86,10 @@ def test_greedy_output_is_the_editable_trees(installed_server, installed):
     draft = Engine.load(str(target_dir.parent / "draft"), 1, 128, torch.float32, cpu)
     ids = tokenizer(PROMPT)["input_ids"]
     eos = ModelArgs.from_dir(target_dir).eos_token_ids
-    for proposer, options in (("draft", {}), ("eagle", {"head": True})):
+    for proposer in ("draft", "eagle"):
         (tokens, stats, _), = generate_in_process(
             target, draft if proposer == "draft" else None,
-            [Request(ids, MAX_TOKENS, K, eos=eos, proposer=proposer)], **options)
+            [Request(ids, MAX_TOKENS, K, eos=eos, proposer=proposer)])
         served = generate(installed_server.http, PROMPT, GenerationParams(
             max_tokens=MAX_TOKENS, temperature=0.0, num_draft_tokens=K, proposer=proposer))
         assert served.text == tokenizer.decode(tokens), proposer
