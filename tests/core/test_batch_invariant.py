@@ -31,7 +31,12 @@ import make_random_pair  # noqa: E402
 
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
-N_PROMPTS, MAX_TOKENS, MAX_LEN = 32, 256, 384
+# Sized for CI: on an AVX2 CPU without AMX plain bf16 linear layers are row-invariant already
+# and this checkpoint's greedy text repeats a few tokens, so these end-to-end cases rarely meet a
+# flipping near-tie here (32 x 256 found none with invariance off): their power on this CPU is a
+# regression check of the loop under the invariant arithmetic. What fails without invariance on
+# the CPU is the op-level tests below and tests/e2e/test_exact_bf16.py; on CUDA, the CUDA test.
+N_PROMPTS, MAX_TOKENS, MAX_LEN = 12, 96, 288
 
 
 def shape(heads=4, kv=1, head_dim=32, hidden=128, layers=2):
