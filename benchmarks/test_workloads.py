@@ -44,9 +44,9 @@ def test_committed_workload_repeats_each_function():
 
 
 def test_settings_start_with_the_baseline():
-    s = proposers.settings([4, 8])
+    s = proposers.settings([4, 8], ["draft", "ngram", "medusa"])
     assert s[0] == ("target-only", "draft", 0)
-    assert [(p, k) for _, p, k in s[1:]] == [(p, k) for p in ("draft", "ngram", "hybrid")
+    assert [(p, k) for _, p, k in s[1:]] == [(p, k) for p in ("draft", "ngram", "medusa")
                                               for k in (4, 8)]
 
 
