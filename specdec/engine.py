@@ -236,12 +236,15 @@ class Engine:
         accepted_t, nxt_t = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s,
                                           first)
         accepted, nxt = accepted_t.tolist(), nxt_t.tolist()                # the one sync
+        followers = [d for d in self.drafters.values() if d.follows_commits]
         for b, (i, c) in enumerate(zip(good, cs)):
             m = accepted[b]
             self.pool.set_length(c.seq_id, c.start + len(c.tokens) + m)
             results[i] = Verdict(c.drafts[:m] + [nxt[b]], m, batch_k=k_max)
-            for drafter in self.drafters.values():
-                drafter.committed(c.seq_id, c.start, c.tokens + results[i].tokens)
+            if followers:
+                committed = c.tokens + results[i].tokens
+                for drafter in followers:
+                    drafter.committed(c.seq_id, c.start, committed)
         if self.drafters:
             scored = hidden[torch.arange(len(cs), device=self.device), accepted_t]    # [B, D]
             self._draft_next(cs, [results[i] for i in good], scored, features, batch, slots,
@@ -295,8 +298,9 @@ class Engine:
         for j, (b, c, tokens) in enumerate(zip(rows, sub, proposals)):
             v = verdicts[b]
             v.proposal, v.draft_s, v.failure, v.steps = tokens, seconds, failure, max(ks)
-            if q is not None and tokens and not c.sampling.greedy:
-                self.q[c.seq_id] = q[j, : len(tokens)]
+            row_q = None if q is None else q[j]
+            if row_q is not None and tokens and not c.sampling.greedy:
+                self.q[c.seq_id] = row_q[: len(tokens)]
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

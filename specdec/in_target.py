@@ -8,6 +8,7 @@ that checks the proposal.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,14 +40,15 @@ class Verified:
 
 class InTargetDrafter:
     capture: tuple[int, ...] = ()   # target layers whose outputs it reads (model.capture)
+    follows_commits = False         # True: committed() is called for every verified row
 
     def committed(self, seq_id: int, start: int, tokens: list[int]) -> None:
         """Every verified row, drafting or not: `tokens` are committed from position `start`
         on (the call's tokens, the accepted drafts, the target's own)."""
 
-    def draft(self, v: Verified) -> tuple[list[list[int]], torch.Tensor | None]:
+    def draft(self, v: Verified) -> tuple[list[list[int]], Sequence[torch.Tensor | None] | None]:
         """Each row's drafted target ids ([] where it drafts none) and, when any row samples,
-        q [B, K, V] (a greedy row's rows unused)."""
+        each row's q [>= k_b, V] (a [B, K, V] tensor will do; a greedy row's is unused)."""
         raise NotImplementedError
 
     def release(self, seq_id: int) -> None:
@@ -60,6 +62,7 @@ class ColocatedDraft(InTargetDrafter):
     It follows each sequence's committed tokens from the verifications, and after one drafts
     from where its cache stops being right: the committed tokens it holds, plus those of its own
     last drafts that were accepted."""
+    follows_commits = True
 
     def __init__(self, engine: "Engine"):
         self.engine = engine
@@ -82,7 +85,7 @@ class ColocatedDraft(InTargetDrafter):
             self.held[seq_id] = n + ok
         self.held[seq_id] = min(self.held.get(seq_id, 0), len(h) - 1)
 
-    def draft(self, v: Verified) -> tuple[list[list[int]], torch.Tensor | None]:
+    def draft(self, v: Verified) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         out: list[list[int]] = [[] for _ in v.seq_ids]
         rows, calls = [], []
         for b, (seq, k) in enumerate(zip(v.seq_ids, v.ks)):
@@ -93,22 +96,14 @@ class ColocatedDraft(InTargetDrafter):
                 calls.append(ProposeCall(seq, held, h[held:], k, v.params[b]))
         if not calls:
             return out, None
-        q_rows: dict[int, torch.Tensor] = {}
+        q: list[torch.Tensor | None] = [None] * len(v.seq_ids)
         for b, c, p in zip(rows, calls, self.engine.propose(calls)):
             if isinstance(p, SlotError):   # this row drafts nothing; it re-prefills next time
                 self.held[c.seq_id] = 0
                 continue
-            out[b] = p.tokens
+            out[b], q[b] = p.tokens, p.probs
             self.held[c.seq_id] = c.start + len(c.tokens)
             self.fed[c.seq_id] = (c.start + len(c.tokens), p.tokens[:-1])
-            if p.probs is not None:
-                q_rows[b] = p.probs
-        q = None
-        if q_rows:
-            k_max, width = max(v.ks), next(iter(q_rows.values())).shape[-1]
-            q = torch.zeros(len(v.seq_ids), k_max, width, device=v.nxt.device)
-            for b, probs in q_rows.items():
-                q[b, : len(probs)] = probs
         return out, q
 
     def release(self, seq_id: int) -> None:

@@ -126,7 +126,9 @@ class UniformQ(ColocatedDraft):
 
     def draft(self, v):
         tokens, q = super().draft(v)
-        return tokens, None if q is None else torch.full_like(q, 1 / q.shape[-1])
+        if q is None:
+            return tokens, q
+        return tokens, [None if r is None else torch.full_like(r, 1 / r.shape[-1]) for r in q]
 
 
 def test_a_wrong_q_is_told_apart(small_deep):
