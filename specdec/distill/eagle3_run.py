@@ -115,18 +115,8 @@ def run(args, t_args: ModelArgs, t_cfg: dict, target: Engine, ds: data.Data, wor
         return measure_head(model, directory, ds.heldout, ds.continuations, args.max_k,
                             max_len, target.dtype, device, timed)
 
-    by_step: list[list[float]] = []   # each step's loss by training-time-test step
-
-    def step(tokens, lengths, lr: float) -> float:
-        loss = trainer.step(tokens, lengths, lr)
-        by_step.append(trainer.last_steps)
-        return loss
-
-    def ttt_losses() -> dict:
-        out = {"loss_by_ttt_step": [round(sum(col) / len(col), 4) for col in zip(*by_step)]}
-        by_step.clear()
-        return out
-
+    step, ttt_losses = train.by_part("loss_by_ttt_step", trainer.step,
+                                     lambda: trainer.last_steps)
     history, final = train.run(args, ds, work, bar, target.cache.num_slots, head, trainer.opt,
                                step, evaluate, "head", ttt_losses)
     result = report.build_eagle3(args=args, target=t_args, aux=aux, used=used,

@@ -268,18 +268,7 @@ def run(args, t_args: ModelArgs, t_cfg: dict, target: Engine, ds: data.Data, wor
         served = load_medusa(directory, t_args, target.dtype, device)   # as the server loads it
         return measure_heads(target, served, ds.heldout, ds.continuations, timed)
 
-    by_step: list[list[float]] = []   # each step's KL by head
-
-    def step(tokens, lengths, lr: float) -> float:
-        loss = trainer.step(tokens, lengths, lr)
-        by_step.append(trainer.last_heads)
-        return loss
-
-    def head_losses() -> dict:
-        out = {"loss_by_head": [round(sum(col) / len(col), 4) for col in zip(*by_step)]}
-        by_step.clear()
-        return out
-
+    step, head_losses = train.by_part("loss_by_head", trainer.step, lambda: trainer.last_heads)
     history, final = train.run(args, ds, work, bar, target.cache.num_slots, head, trainer.opt,
                                step, evaluate, "heads", head_losses)
     result = build_report(args=args, target=t_args, trainable=trainable, device=device,

@@ -173,6 +173,25 @@ def entry(done: int, losses: list[float], clock: float) -> dict:
             "seconds": round(time.time() - clock, 1), "acceptance": None}
 
 
+def by_part(key: str, train_step, parts):
+    """A step that keeps each step's loss by part (`parts()` after train_step: one per head,
+    or per training-time-test step), and the `extra` for run() that averages them into a
+    history entry under `key` and starts over."""
+    seen: list[list[float]] = []
+
+    def step(tokens: torch.Tensor, lengths: torch.Tensor, lr: float) -> float:
+        loss = train_step(tokens, lengths, lr)
+        seen.append(parts())
+        return loss
+
+    def means() -> dict:
+        out = {key: [round(sum(col) / len(col), 4) for col in zip(*seen)]}
+        seen.clear()
+        return out
+
+    return step, means
+
+
 def run(args, ds, work: Path, bar, slots: int, model: torch.nn.Module,
         opt: torch.optim.Optimizer, step, evaluate, what: str,
         extra=lambda: {}) -> tuple[list, dict]:
