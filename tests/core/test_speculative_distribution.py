@@ -87,6 +87,30 @@ def chi_square_p(counts: dict, dist: dict) -> float:
     return chisquare(obs, exp).pvalue
 
 
+def tally(results) -> dict[tuple, int]:
+    """How often each output was drawn, from generate()'s results."""
+    counts: dict[tuple, int] = {}
+    for tokens, _, _ in results:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    return counts
+
+
+def uniform_q(q):
+    """A drafter's q (per row, or [B, K, V]) replaced by uniform rows: verifying drafts against
+    a q they were not drawn from is the negative control of a sampling test."""
+    if q is None:
+        return None
+    return [None if r is None else torch.full_like(r, 1 / r.shape[-1]) for r in q]
+
+
+def assert_follows(counts: dict, target, other, params: SamplingParams, prompt=PROMPT,
+                   length=LENGTH) -> None:
+    """The draws fit the target's exact distribution, and the test has the power to tell them
+    from another model's (the negative control)."""
+    assert chi_square_p(counts, exact_distribution(target, params, prompt, length)) > 1e-3
+    assert chi_square_p(counts, exact_distribution(other, params, prompt, length)) < 1e-6
+
+
 @pytest.mark.parametrize("k,params,auto", [
     (3, SamplingParams(temperature=1.0), False),
     (1, SamplingParams(temperature=1.0), False),
@@ -108,15 +132,11 @@ def test_speculative_samples_follow_target(small_pair, k, params, auto):
     if auto:  # the policy chose 0, 1 and 2 drafts, each often enough to matter
         chosen = [r.k for r in rounds]
         assert all(chosen.count(j) > N // 20 for j in range(3)), {j: chosen.count(j) for j in range(3)}
-    counts: dict[tuple, int] = {}
-    for tokens, _, _ in results:
-        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    counts = tally(results)
     rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / sum(
         s.total_draft_tokens for _, s, _ in results)
     assert 0.2 < rate < 0.95, rate  # both accept and reject paths carry weight
-    assert chi_square_p(counts, exact_distribution(small_pair[0], params)) > 1e-3
-    # Negative control: the draft's own distribution differs, and the test sees it.
-    assert chi_square_p(counts, exact_distribution(small_pair[1], params)) < 1e-6
+    assert_follows(counts, small_pair[0], small_pair[1], params)
 
 
 class GreedyDraft(LocalDrafter):
@@ -140,14 +160,11 @@ def test_one_hot_proposals_samples_follow_target(small_pair, proposer, prompt, k
             for i in range(N)]
     results = generate(target, draft, reqs, drafter=None if lookup else GreedyDraft(draft),
                        ngram=NgramProposer() if lookup else None)
-    counts: dict[tuple, int] = {}
-    for tokens, _, _ in results:
-        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    counts = tally(results)
     proposed = sum(s.total_draft_tokens for _, s, _ in results)
     rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / proposed
     assert proposed > N and 0.15 < rate < 0.9, (proposed, rate)  # accepts and rejects weigh
-    assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt)) > 1e-3
-    assert chi_square_p(counts, exact_distribution(small_pair[1], params, prompt)) < 1e-6
+    assert_follows(counts, small_pair[0], small_pair[1], params, prompt)
 
 
 def test_hybrid_proposals_chosen_per_round_samples_follow_target(small_pair):
@@ -165,8 +182,5 @@ def test_hybrid_proposals_chosen_per_round_samples_follow_target(small_pair):
                        ngram=NgramProposer())
     by = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("draft", "ngram")}
     assert min(by.values()) > N // 10, by          # both proposers carry weight
-    counts: dict[tuple, int] = {}
-    for tokens, _, _ in results:
-        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
-    assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt)) > 1e-3
-    assert chi_square_p(counts, exact_distribution(small_pair[1], params, prompt)) < 1e-6
+    counts = tally(results)
+    assert_follows(counts, small_pair[0], small_pair[1], params, prompt)

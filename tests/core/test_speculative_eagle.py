@@ -21,8 +21,8 @@ from tests.core.conftest import generate
 from tests.core.eagle_helpers import trained_head_dir
 from tests.core.test_fast_paths import reference_flash_with_kvcache
 from tests.core.test_speculative_exact import MAX_TOKENS, prompts, transformers_greedy
-from tests.core.test_speculative_distribution import (N, PROMPT, AcceptanceOnly,
-                                                      chi_square_p, exact_distribution)
+from tests.core.test_speculative_distribution import (AcceptanceOnly, N, PROMPT, assert_follows,
+                                                      chi_square_p, exact_distribution, tally)
 
 CPU = torch.device("cpu")
 # Four tokens (625 continuations): the first comes from the prefill, which makes the head's
@@ -62,9 +62,7 @@ def test_eagle_samples_follow_target(small_pair, k, params, auto):
     rounds = []
     results = generate(engine, None, reqs, planner=AcceptanceOnly(k) if auto else None,
                        on_round=rounds.append)
-    counts: dict[tuple, int] = {}
-    for tokens, _, _ in results:
-        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    counts = tally(results)
     proposed = sum(s.total_draft_tokens for _, s, _ in results)
     rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / proposed
     assert proposed > 1.5 * N and 0.2 < rate < 0.95, (proposed, rate)  # both paths weigh
@@ -72,9 +70,7 @@ def test_eagle_samples_follow_target(small_pair, k, params, auto):
     if auto:   # k varied by round (the policy within each round's limit)
         chosen = [r.k for r in rounds if r.limit]
         assert all(chosen.count(j) > N // 20 for j in (1, 2)), chosen
-    assert chi_square_p(counts, exact_distribution(small_pair[0], params, PROMPT, LENGTH)) > 1e-3
-    # Negative control: another model's distribution is told apart.
-    assert chi_square_p(counts, exact_distribution(small_pair[1], params, PROMPT, LENGTH)) < 1e-6
+    assert_follows(counts, small_pair[0], small_pair[1], params, length=LENGTH)
     assert engine.pool.active == 0 and not engine.q   # every sequence's state released
 
 
@@ -89,9 +85,7 @@ def test_hybrid_of_lookup_and_head_samples_follow_target(small_pair):
                        ngram=NgramProposer())
     by = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("eagle", "ngram")}
     assert min(by.values()) > N // 10, by
-    counts: dict[tuple, int] = {}
-    for tokens, _, _ in results:
-        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    counts = tally(results)
     assert chi_square_p(counts, exact_distribution(small_pair[0], params, prompt, LENGTH)) > 1e-3
 
 
