@@ -71,9 +71,9 @@ class _EngineModel:
             for line in attach(self.engine, s, it, params, device, dtype):
                 say(f"{self.role}_model", line)
         self._show_slots()
-        if s.eagle_fault:   # tests only: an in-target drafter fails in a verification that stands
-            head_faults = faults.Injector(faults.parse(s.eagle_fault))
-            self.engine.drafter_fault = lambda: head_faults.before(1)[0]
+        if s.in_target_fault:   # tests only: a drafter fails in a verification that stands
+            drafter_faults = faults.Injector(faults.parse(s.in_target_fault))
+            self.engine.drafter_fault = lambda: drafter_faults.before(1)[0]
         # Benchmarks only: calls padded to a device's cost table (simulate.py), said loudly.
         self.engine = simulate.from_env(self.engine, self.role)
 

@@ -180,7 +180,7 @@ class EngineSettings:
     cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
     fault: str = ""               # tests only: a fault script (faults.py); $SPECDEC_<ROLE>_FAULT
     eagle_head_path: str = ""     # target: an EAGLE-3 head drafting in its process; $SPECDEC_EAGLE_HEAD
-    eagle_fault: str = ""         # tests only: the head's fault script; $SPECDEC_EAGLE_FAULT
+    in_target_fault: str = ""     # tests only: its in-target drafter's fault script
     tokenizer_path: str = ""      # the served tokenizer: the draft's own is checked against it
     # target: score every token with the same arithmetic whatever its batch (specdec/invariant.py);
     # auto: on in 16-bit dtypes, where near-ties flip. The draft's arithmetic never changes output.
@@ -213,7 +213,7 @@ class EngineSettings:
             raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
         if s.batch_invariant not in ("auto", "on", "off"):
             raise SettingsError(f"batch_invariant {s.batch_invariant!r}: expected auto, on or off")
-        for name in ("fault", "eagle_fault"):
+        for name in ("fault", "in_target_fault"):
             try:
                 faults.parse(getattr(s, name))
             except ValueError as e:
@@ -226,7 +226,7 @@ class EngineSettings:
             draft_device = _draft_device(s.draft_device)
             device = draft_device or s.target_devices.split(",")[0].strip() or s.device
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, device, s.cpu_threads,
-                   s.attention, s.cuda_graphs, s.fault, head, s.eagle_fault, paths.tokenizer,
+                   s.attention, s.cuda_graphs, s.fault, head, s.in_target_fault, paths.tokenizer,
                    s.batch_invariant, degree, devices, draft_device)
 
     @property

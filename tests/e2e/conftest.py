@@ -133,7 +133,7 @@ def eagle_server(tmp_path_factory):
     test_placement.py's separate placement (drafting with the draft model only)."""
     yield from launch(tmp_path_factory, {
         "SPECDEC_EAGLE_HEAD": str(EAGLE_HEAD), "SPECDEC_MAX_SEQUENCES": "2",
-        "SPECDEC_EAGLE_FAULT": f"error*{EAGLE_FAULTS}", "SPECDEC_DRAFT_TIMEOUT_S": "600",
+        "SPECDEC_IN_TARGET_FAULT": f"error*{EAGLE_FAULTS}", "SPECDEC_DRAFT_TIMEOUT_S": "600",
         "SPECDEC_DRAFT_PLACEMENT": "separate"})
 
 
