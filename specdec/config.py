@@ -137,14 +137,21 @@ class ModelArgs:
         file = path / "config.json"
         if not path.is_dir():
             raise CheckpointError(f"{path}: model directory does not exist")
-        if not file.is_file():
-            raise CheckpointError(f"{file}: missing (not a Hugging Face checkpoint directory)")
-        try:
-            cfg = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{file}: cannot be read: {e}") from None
+        cfg = read_config_json(path, "not a Hugging Face checkpoint directory")
         args = cls.from_dict(cfg, str(file))
         return _with_generation_eos(args, path / "generation_config.json")
+
+
+def read_config_json(path: str | Path, what: str) -> dict:
+    """A directory's config.json (a model's, a head's); `what` says what the directory must be
+    where it has none."""
+    file = Path(path) / "config.json"
+    try:
+        return json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing ({what})") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file}: cannot be read: {e}") from None
 
 
 def _parse(cls, model_type: str, c: dict, raw: dict, source: str) -> ModelArgs:

@@ -21,11 +21,10 @@ target's).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import CheckpointError, ModelArgs
+from ..config import CheckpointError, ModelArgs, read_config_json
 
 EAGLE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 SPECULATORS = "speculators"
@@ -48,14 +47,8 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
 
 
 def read_head_config(path: str | Path) -> dict:
-    file = Path(path) / "config.json"
-    try:
-        return json.loads(file.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no config.json (an EAGLE-3 head directory has "
-                              f"config.json and safetensors weights)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file}: cannot be read: {e}") from None
+    return read_config_json(
+        path, "an EAGLE-3 head directory has config.json and safetensors weights")
 
 
 def head_args(cfg: dict, target: ModelArgs, source: str = "config.json") -> HeadArgs:

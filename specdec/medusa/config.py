@@ -9,11 +9,10 @@ MedusaConfig) and checked against the target they will serve.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import CheckpointError, ModelArgs
+from ..config import CheckpointError, ModelArgs, read_config_json
 
 MAX_HEADS = 16   # a chain of heads this long never pays; more is a misread config
 
@@ -28,14 +27,8 @@ class MedusaArgs:
 
 
 def read_medusa_config(path: str | Path) -> dict:
-    file = Path(path) / "config.json"
-    try:
-        return json.loads(file.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no config.json (Medusa heads are a directory of "
-                              f"config.json and medusa_lm_head.safetensors)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file}: cannot be read: {e}") from None
+    return read_config_json(
+        path, "Medusa heads are a directory of config.json and medusa_lm_head.safetensors")
 
 
 def medusa_args(cfg: dict, target: ModelArgs, source: str = "config.json") -> MedusaArgs:
