@@ -32,7 +32,9 @@ def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: 
         shutil.copytree(_trained[key], out_dir)   # the same bytes: training is deterministic
         return out_dir
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # these shapes gain nothing from a second thread
+    # A small vocabulary's shapes gain nothing from a second thread; a larger one's LM head does.
+    large = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"] > 1024
+    torch.set_num_threads(min(threads, 2) if large else 1)
     try:
         model = load_model(target_dir, torch.float32, "cpu")
         vocab = model.args.vocab_size
