@@ -88,7 +88,7 @@ def test_an_eagle3_head_distilled_for_each_family_keeps_greedy_exact(tmp_path, v
     features and embedding) drafts for its target in the engine: output equal to transformers',
     drafts accepted, nothing left behind."""
     target = make_checkpoint(tmp_path / "target", variant)
-    head_dir = trained_head_dir(target, tmp_path / "head", steps=60)
+    head_dir = trained_head_dir(target, tmp_path / "head", steps=25)
     want = hf_greedy(target, torch.float64, prompts(), MAX_TOKENS,
                      step_by_step=variant == "phi3_longrope")
     model = load_model(target, torch.float64, CPU)
