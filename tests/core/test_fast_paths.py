@@ -97,7 +97,7 @@ def test_greedy_speculation_equals_target_alone(pair_dir, hf_greedy, flash, grap
     target, draft = engines(pair_dir)
     # Buckets up to 4: 12 concurrent rows run eagerly, 3 are padded to 4, 1 and 2 fit.
     fast(target, flash, graphs), fast(draft, flash, graphs)
-    for k in (0, 3, 8):
+    for k in (0, 8):   # target-only, and drafts over several graph buckets
         for n in (12, 3, 2, 1):
             results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()[:n]])
             assert [r[0] for r in results] == hf_greedy[:n], (k, n)
