@@ -18,7 +18,7 @@ from tests.e2e.conftest import heldout_prompts, launch, start_gateway
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import make_random_pair  # noqa: E402
 
-PROMPTS = heldout_prompts(3)
+PROMPTS = heldout_prompts(2)
 MAX_TOKENS = 24
 # target preset, draft preset, scale, config overrides of both
 PAIRS = {
