@@ -35,7 +35,7 @@ serve: $(STAMP)
 	$(PY) -m specdec.serving.launch --address $(ADDRESS) --openai-port $(OPENAI_PORT)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Rebuild the embedded default pair (tokenizer, target, distilled draft) from the stdlib source.
 models: $(STAMP)
