@@ -36,6 +36,7 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
         out["local_calls_over_table"] = lr["calls_over_table"] / lr["calls"]
     if r.get("served"):
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
+        out["target_batch"] = r["served"].get("target_batch")
     return out
 
 
@@ -47,8 +48,8 @@ def table(rows: list[dict]) -> str:
     out = ["| mode | streams | setting | in-process tok/s | served tok/s | served / in-process "
            "| tokens/round | round ms in-process | round ms served | overhead ms/round "
            "| of which draft call | verify call | outside calls | served / in-process at x1, "
-           "projected | BLS calls/round | in-process calls over table |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "projected | BLS calls/round | served target rows/batch | in-process calls over table |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
@@ -63,6 +64,6 @@ def table(rows: list[dict]) -> str:
             f"| {_f(lo.get('round_ms'))} | {_f(se.get('round_ms'))} | {_f(ov.get('round_ms'))} "
             f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
             f"| {_f(ov.get('outside_ms'))} | {x1} "
-            f"| {_f(calls, '.2f')} "
+            f"| {_f(calls, '.2f')} | {_f(r.get('target_batch'), '.2f')} "
             f"| {_f(over if over is None else 100 * over, '.0f')} % |")
     return "\n".join(out)

@@ -6,7 +6,7 @@ import queue
 
 from clients import GrpcClient, run_streams
 from progress import log
-from server import Server, settle_metrics
+from server import TARGET, Server, settle_metrics
 from sim_plan import Mode, Setting, seed_of
 
 
@@ -66,11 +66,13 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
 
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
         streams: int) -> dict:
-    before = server.metrics()
+    before, stats_before = server.metrics(), server.model_stats()[TARGET]
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
     per_round = server.by_label("specdec_bls_calls_per_round", "proposer")
+    stats = server.model_stats()[TARGET]
+    executions = stats["executions"] - stats_before["executions"]
     out = {"tokens": tokens, "wall_s": wall, "request_s": sum(r.total_s for r in reqs),
            "rounds": d.get("specdec_rounds_total", 0.0),
            "draft_s": d.get("specdec_draft_latency_seconds_sum", 0.0),
@@ -79,6 +81,9 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            "verify_calls": d.get("specdec_verify_latency_seconds_count", 0.0),
            "drafted": d.get("specdec_draft_tokens_total", 0.0),
            "accepted": d.get("specdec_accepted_tokens_total", 0.0),
-           "bls_calls_per_round": per_round}
+           "bls_calls_per_round": per_round,
+           # target_model's rows per execution: in process a round's rows make one batch
+           "target_batch": (stats["inferences"] - stats_before["inferences"]) / executions
+           if executions else None}
     log(f"served {mode.name} x{streams} {setting.label}: {tokens / wall:.1f} tok/s")
     return out

@@ -46,7 +46,8 @@ def side(tokens, wall, request_s, rounds, draft_s, verify_s):
 
 def test_report_splits_the_overhead():
     local = side(100, 1.0, 1.0, 50, 0.3, 0.5)
-    served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "bls_calls_per_round": {"draft": 2.0}}
+    served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "bls_calls_per_round": {"draft": 2.0},
+              "target_batch": 1.5}
     r = sim_report.row("greedy", 1, "draft K=4", {"local": local, "served": served})
     assert r["ratio"] == pytest.approx(0.8)
     ov = r["overhead_ms"]
@@ -62,7 +63,7 @@ def test_report_splits_the_overhead():
     e = sim_report.row("greedy", 1, "eagle K=4", {"local": local, "served": served})
     assert e["local"]["draft_ms"] == 0.0
     text = sim_report.table([r, e])
-    assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 |" in text
+    assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 | 1.50 |" in text
 
 
 def test_no_projection_below_minus_the_x1_round():
