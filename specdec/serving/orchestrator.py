@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -53,11 +54,22 @@ class Orchestrator:
                                proposers=settings.proposers, in_target=settings.in_target)
         metrics.estimates = self.planner.estimates
         self.slots = asyncio.Semaphore(settings.max_sequences)
+        # async_exec runs each BLS call as a blocking exec on the event loop's default executor,
+        # whose default is min(32, CPUs + 4) threads: 6 on a 2-core host, which capped the calls
+        # in flight, and so target_model's batch, at 16 streams (docs/benchmarks.md). Room for
+        # every generation's call and its releases.
+        self.bls_threads = ThreadPoolExecutor(2 * settings.max_sequences + 4,
+                                              thread_name_prefix="bls")
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.running: set[int] = set()     # generations under way
         self.cancelled: set[int] = set()   # of those, cancelled through the ensemble
 
     async def handle(self, request) -> None:
         pb = self.pb
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            loop.set_default_executor(self.bls_threads)
+            self._loop = loop
         sender = request.get_response_sender()
         probe = is_probe(request)   # `specdec probe`'s: not counted as a user's request
         cancel = pb.get_input_tensor_by_name(request, names.CANCEL_GENERATION)

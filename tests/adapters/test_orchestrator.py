@@ -477,3 +477,22 @@ def test_postprocessing_forwards_a_cancellation_once_per_generation():
     assert len(forward.sent) == 2                                  # it forgets the oldest
     failing = CancelForwarder(_StubPb(fail=True))
     assert not failing.check(gone, 7)                              # never the step's error
+
+
+def test_every_generation_can_have_a_bls_call_in_flight(serving):
+    """Triton's async_exec blocks one thread of the event loop's default executor per BLS call;
+    Python's default executor has min(32, CPUs + 4) threads (6 on the 2-core CI machine), which
+    capped the calls in flight, and target_model's batches, at 16 streams. After its first
+    request the orchestrator's loop runs a call for each of 32 generations at once (the stock
+    executor would fail this on any host with fewer than 28 CPUs)."""
+    import threading
+    orch = serving.orchestrator(max_sequences=32)
+    together = threading.Barrier(32, timeout=20)
+
+    async def main():
+        await orch.handle(orchestrator_request([], **{names.CANCEL_GENERATION: 5}))
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, together.wait) for _ in range(32)))
+
+    asyncio.run(main())
+    assert not together.broken
