@@ -1,6 +1,7 @@
 """Tensor parallelism (specdec/parallel.py) at degree 2 over gloo, two processes on the CPU:
-greedy tokens equal degree 1's in float32, speculative (a draft model, prompt lookup, an EAGLE-3
-head on rank 0) equal target-only at degree 2, each rank holding only its slices; shapes that do
+greedy tokens equal degree 1's in float32, speculative (a draft model beside the target or in
+its process, prompt lookup, an EAGLE-3 head or Medusa heads on rank 0) equal target-only at
+degree 2, each rank holding only its slices; shapes that do
 not divide are refused by name."""
 import json
 import socket
@@ -14,10 +15,13 @@ import torch.multiprocessing as mp
 from specdec import parallel
 from specdec.config import CheckpointError, ModelArgs
 from specdec.engine import Engine
+from specdec.in_target import ColocatedDraft
+from specdec.medusa.drafting import MedusaDrafter
 from specdec.ngram import NgramProposer
 from specdec.records import Proposer, Request, SamplingParams
 from specdec.weights import load_model
 from tests.core.conftest import generate
+from tests.core.test_speculative_medusa import random_heads
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -80,6 +84,14 @@ def _rank(rank: int, world: int, port: int, target: str, draft: str | None, head
                                             for p in ps])
             result["eagle"], result["eagle_accepted"] = ids(eagle), accepted(eagle)
             result["eagle_sampled"] = ids(generate(leader, None, sampled(ps, Proposer.EAGLE)))
+        if draft and head:   # rank 0 drafts in its own process: Medusa heads, the draft model
+            leader.add_drafter(Proposer.MEDUSA, MedusaDrafter(random_heads(engine.model),
+                                                              engine.vocab_size))
+            leader.add_drafter(Proposer.DRAFT, ColocatedDraft(d))
+            for p in (Proposer.MEDUSA, Proposer.DRAFT):
+                got = generate(leader, None, [Request(q, MAX_TOKENS, K, proposer=p) for q in ps])
+                result[p.value] = ids(got)
+                result[f"{p.value}_drafted"] = sum(r[1].total_draft_tokens for r in got)
         leader.stop()
         Path(out, "rank0.json").write_text(json.dumps(result))
     finally:
@@ -125,6 +137,8 @@ def test_embedded_pair_at_degree_two_equals_degree_one(tmp_path, one_thread):
     assert two["plain"] == one
     assert two["spec"] == two["plain"] and two["accepted"] > 0   # the draft did speculate
     assert two["eagle"] == two["plain"] and two["eagle_accepted"] > 0
+    for p in ("medusa", "draft"):   # in rank 0's process, at degree 1 over a degree-2 target
+        assert two[p] == two["plain"] and two[f"{p}_drafted"] > 0, p
     # Sampled: float32 logits differ from degree 1's in the last bits at most: the same draws.
     d1 = Engine.load(str(TARGET), PROMPTS, MAX_LEN, torch.float32, CPU, head_path=str(HEAD))
     ps = prompts(d1.model.args.vocab_size)
