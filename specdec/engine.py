@@ -15,6 +15,7 @@ import torch
 
 from . import attention
 from .config import CheckpointError, ModelArgs
+from .draft_steps import StepRows, draft_steps
 from .eagle.checkpoint import load_head
 from .eagle.drafting import HeadDrafter
 from .eagle.head import EagleHead
@@ -24,7 +25,7 @@ from .kv_cache import KVCache, SlotPool
 from .model import Batch, Transformer
 from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
-from .sampling import DRAFT, BatchSampling, probabilities, sample
+from .sampling import BatchSampling, probabilities
 from .verify import verify as verify_drafts
 from .weights import load_model
 
@@ -165,34 +166,12 @@ class Engine:
         hidden = self._forward(batch)
         rows = torch.arange(len(cs), device=self.device)
         logits = self._logits(hidden[rows, batch.last])[:, None]           # [B, 1, V]
-        drafted, probs = [], []
-        first_pos = torch.tensor(first, device=self.device)[:, None]      # [B, 1]
-        # The steps' batches are built on the device: only kv_len comes from the host.
-        ks_t = torch.tensor(ks, device=self.device)[:, None]              # [B, 1]
-        write_all = batch.read_slots[:, None]                              # [B, 1]
-        no_row = torch.zeros(len(cs), dtype=torch.int64, device=self.device)
-        for j in range(max(ks)):
-            if s.all_greedy:  # the argmax is the one-hot's only token; no q is sent back
-                d = logits.argmax(-1)                                      # [B, 1]
-            else:
-                p = probabilities(logits, s)                               # [B, 1, V]
-                d = sample(p, s, first_pos + j, DRAFT)                     # [B, 1]
-                probs.append(p)
-            drafted.append(d)
-            if j + 1 == max(ks):
-                break
-            # Feed d_{j+1} where the row still drafts; elsewhere it goes to scratch.
-            write = write_all if min(ks) > j + 1 else torch.where(
-                ks_t > j + 1, write_all, self.cache.scratch)
-            step = Batch(d, (first_pos + j).clamp(max=self.max_len - 1), write,
-                         batch.read_slots, min(max(first) + j + 1, self.max_len), no_row,
-                         batch.first_slot, min(max(first) + j, self.max_len - 1) + 1)
-            logits = self._logits(self._forward(step))
-        tokens = torch.cat(drafted, 1).tolist()                            # the one sync
-        q = torch.cat(probs, 1) if probs else None                         # [B, K, V]
+        steps = StepRows(ks, first, 0, batch.read_slots, batch.first_slot)
+        tokens, q = draft_steps(steps, logits, s, self.cache, lambda x: x.argmax(-1),
+                                lambda x: x, lambda b, _: self._logits(self._forward(b)))
         for b, (i, c) in enumerate(zip(good, cs)):
             self.pool.set_length(c.seq_id, first[b] + c.k - 1)
-            results[i] = Proposal(tokens[b][: c.k], None if c.sampling.greedy else q[b, : c.k])
+            results[i] = Proposal(tokens[b], None if c.sampling.greedy else q[b, : c.k])
         return results
 
     @torch.inference_mode()

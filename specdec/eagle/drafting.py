@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 
 from ..graphs import GraphedForward
+from ..draft_steps import StepRows, draft_steps
 from ..in_target import InTargetDrafter, Verified
 from ..kv_cache import KVCache
 from ..model import Batch
-from ..sampling import DRAFT, probabilities, sample
 from .head import EagleHead
 
 
@@ -59,7 +59,6 @@ class HeadDrafter(InTargetDrafter):
         # overwritten, and on a compute-bound device it costs as much as a kept one.
         need = [e - s for e, s in zip(ends, starts)]
         t = max(need)
-        ends_t = torch.tensor(ends, device=dev)                                        # [B]
         last = torch.tensor(need, device=dev) - 1                                      # [B]
         # Pair tokens: one position ahead of the features, x_b at the last committed position.
         ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
@@ -67,31 +66,7 @@ class HeadDrafter(InTargetDrafter):
         feature = head.fc(features[:, :t].to(head.fc.weight.dtype))                  # [B, t, H]
         h = self._forward(batch, feature)
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
-        k_max = max(ks)
-        if k_max == 0:
-            return [[] for _ in range(b)], None
-        first = ends_t[:, None]                                # [B, 1] position of the step input
-        ks_t = torch.tensor(ks, device=dev)[:, None]
-        slots_t = torch.tensor(slots, device=dev)[:, None]
-        no_row = torch.zeros(b, dtype=torch.int64, device=dev)
-        consecutive = slots == list(range(slots[0], slots[0] + b))
-        drafted, probs = [], []
-        for j in range(k_max):
-            if s.all_greedy:   # the argmax over the draft vocabulary, as a target id
-                d = head.target_ids(head.logits(h).argmax(-1))                        # [B, 1]
-            else:
-                p = probabilities(head.target_logits(h, self.vocab_size), s)         # [B, 1, V]
-                d = sample(p, s, first + 1 + j, DRAFT)      # d_{j+1} sits at position N + j + 1
-                probs.append(p)
-            drafted.append(d)
-            if j + 1 == k_max:
-                break
-            pos = (first + j).clamp(max=self.max_len - 1)
-            write = torch.where(ks_t > j + 1, slots_t, self.cache.scratch)
-            step = Batch(d, pos, write, slots_t[:, 0], min(max(ends) + j + 1, self.max_len),
-                         no_row, slots[0] if consecutive else None,
-                         min(max(ends) + j, self.max_len - 1) + 1)
-            h = self._forward(step, h)   # a graph's output: read before its next replay
-        tokens = torch.cat(drafted, 1).tolist()
-        q = torch.cat(probs, 1) if probs else None                                   # [B, K, V]
-        return [t[:k] for t, k in zip(tokens, ks)], q
+        steps = StepRows(ks, ends, 1, batch.read_slots, batch.first_slot)
+        return draft_steps(steps, h, s, self.cache,
+                           lambda x: head.target_ids(head.logits(x).argmax(-1)),
+                           lambda x: head.target_logits(x, self.vocab_size), self._forward)
