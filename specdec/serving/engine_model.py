@@ -38,7 +38,8 @@ class _EngineModel:
         # A draft placed in target_model's process: checked here too, loaded there.
         self.colocated = self.role == "draft" and it.draft_in_target and not s.disabled
         check_one_instance(model_config, f"{self.role}_model")
-        self.faults = faults.Injector(faults.parse(s.fault))   # tests only; none by default
+        self.faults = faults.Injector(faults.first_process(   # tests only; none by default
+            faults.parse(s.fault), f"{self.role}_model"))
         self._slot_gauges(pb, 0 if s.disabled or self.colocated else s.max_sequences)
         if self.colocated:
             self.check_pair(s, ModelArgs.from_dir(s.target_model_path).vocab_size)
@@ -72,7 +73,8 @@ class _EngineModel:
                 say(f"{self.role}_model", line)
         self._show_slots()
         if s.in_target_fault:   # tests only: a drafter fails in a verification that stands
-            drafter_faults = faults.Injector(faults.parse(s.in_target_fault))
+            drafter_faults = faults.Injector(faults.first_process(
+                faults.parse(s.in_target_fault), "in_target"))
             self.engine.drafter_fault = lambda: drafter_faults.before(1)[0]
         # Benchmarks only: calls padded to a device's cost table (simulate.py), said loudly.
         self.engine = simulate.from_env(self.engine, self.role)

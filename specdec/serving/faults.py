@@ -9,13 +9,17 @@ faulty), then the model behaves:
     error                              every call fails (a step without a count never ends)
 
 Read once at load. Tests only: the default is no fault, and a spec that does not parse fails
-the load.
+the load. A script runs in a model's first process on a server (`first_process`): one the
+supervisor restarts starts clean, as after a real crash.
 """
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 _STEP = re.compile(r"(error|unavailable|delay=(?P<seconds>[0-9.]+))(\*(?P<count>\d+))?")
 
@@ -43,6 +47,33 @@ def parse(spec: str) -> list[Step]:
         kind = "delay" if m["seconds"] else m[1]
         steps.append(Step(kind, float(m["seconds"] or 0), int(m["count"] or 0)))
     return steps
+
+
+def first_process(steps: list[Step], model: str, server: str | None = None,
+                  markers: str | None = None) -> list[Step]:
+    """steps in `model`'s first process on this server, none in a process that replaces it: a
+    restarted model that failed by script again would make a restart test time the script's
+    backoffs, not the recovery. A marker file per server (default: the stub's parent,
+    tritonserver, by pid and start time) and model in markers (the temporary directory) says
+    the script has run."""
+    if not steps:
+        return steps
+    marker = Path(markers or tempfile.gettempdir()) / \
+        f"specdec-fault-{server or _process_id(os.getppid())}-{model}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return []
+    return steps
+
+
+def _process_id(pid: int) -> str:
+    """pid and start time: a pid alone is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return f"{pid}.{stat.rsplit(')', 1)[1].split()[19]}"   # field 22, starttime
+    except OSError:
+        return str(pid)
 
 
 class Injector:

@@ -1,4 +1,7 @@
 """specdec.serving.faults: the fault scripts the end-to-end tests give draft_model."""
+import os
+import re
+
 import pytest
 
 from specdec.serving import faults
@@ -39,3 +42,17 @@ def test_no_fault_by_default_and_a_bad_script_fails_the_load(monkeypatch):
     with pytest.raises(SettingsError, match="'explode'"):
         EngineSettings.parse({}, "draft")
     assert EngineSettings.parse({}, "target").fault == ""   # per role
+
+
+def test_a_script_runs_in_a_models_first_process_on_a_server_only(tmp_path):
+    steps = faults.parse("error*2")
+    assert faults.first_process(steps, "draft_model", "41.7", str(tmp_path)) == steps
+    assert faults.first_process(steps, "draft_model", "41.7", str(tmp_path)) == []  # restarted
+    assert faults.first_process(steps, "target_model", "41.7", str(tmp_path)) == steps
+    assert faults.first_process(steps, "draft_model", "41.9", str(tmp_path)) == steps  # new server
+    assert faults.first_process([], "none", "41.7", str(tmp_path)) == [] and \
+        not (tmp_path / "specdec-fault-41.7-none").exists()   # no script, no marker
+    # By default the server is this process's parent, by pid and start time.
+    assert faults.first_process(steps, "m", markers=str(tmp_path)) == steps
+    (marker,) = tmp_path.glob("specdec-fault-*-m")
+    assert re.fullmatch(rf"specdec-fault-{os.getppid()}\.\d+-m", marker.name)
