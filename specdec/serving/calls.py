@@ -4,17 +4,20 @@ A call is one Triton request with batch dimension 1; every tensor below is [1, .
 tensor is allocated, described and mapped on both sides of the Python backend's process
 boundary on every call, so a call's scalars travel packed (three tensors instead of up to nine):
 
-    call      INT64 [9]  sequence id, start position, num_draft_tokens (verify: 0), top_k,
+    call      INT64 [9]  sequence id, start position, num_draft_tokens k, top_k,
                          seed, release (1: free the sequence's slot, nothing else),
                          next_k (verify: tokens a drafter in the target's process drafts for
                          the next round; -1: none does), drafts_in_target (1: the drafts are
                          that drafter's last proposal, verified with the q it kept), next_by
                          (the drafter: its index in records.DRAFTING; -1: none)
     sampling  FP32  [2]  temperature, top_p
-    tokens    INT32 [n]  committed tokens from the start position on, not cached yet
+    tokens    INT32 [n]  committed tokens from the start position on, not cached yet; a
+                         verification's k drafts after them
 
-The target also takes draft_tokens [k] (absent when k = 0) and draft_probs [k, V] (absent when
-the draft was greedy), and answers verdict INT32 [5 + m + 1 + k']: the number of drafts
+Triton batches requests with the same set of inputs only (an optional input present in one and
+absent in another splits the batch: core's RequiredEqualInputs), so the drafts ride in tokens
+and only draft_probs [k, V] is optional (present when a draft model outside the target
+sampled). The target answers verdict INT32 [5 + m + 1 + k']: the number of drafts
 accepted m, the in-target drafter's time in microseconds, 1 if it failed, the most drafts a
 row of the verification's batch carried, the drafter's steps over its batch, then the m accepted
 drafts and the target's own token, then the drafter's k' drafts for the next round. The draft
@@ -59,9 +62,8 @@ def propose_inputs(call: ProposeCall) -> dict[str, np.ndarray]:
 
 def verify_inputs(call: VerifyCall) -> dict[str, np.ndarray]:
     """Draft probabilities travel separately, as the draft's own output tensor (DLPack)."""
-    drafts = {names.DRAFT_TOKENS: np.array([call.drafts], np.int32)} if call.drafts else {}
-    return {**_inputs(call.seq_id, call.start, call.tokens, 0, call.sampling, False,
-                      call.next_k, call.drafts_in_target, call.next_by), **drafts}
+    return _inputs(call.seq_id, call.start, call.tokens + call.drafts, len(call.drafts),
+                   call.sampling, False, call.next_k, call.drafts_in_target, call.next_by)
 
 
 def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
@@ -98,10 +100,11 @@ def propose_call(inputs: dict) -> ProposeCall:
 def verify_call(inputs: dict, draft_probs) -> VerifyCall:
     """draft_probs: a torch tensor [k, V] or None (greedy: one-hot of the drafts)."""
     f = _fields(inputs)
-    drafts = inputs.get(names.DRAFT_TOKENS)
-    return VerifyCall(_unsigned(f[_SEQ]), f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
-                      [] if drafts is None else drafts.reshape(-1).tolist(),
-                      draft_probs, sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
+    tokens, k = inputs[names.TOKENS].reshape(-1).tolist(), f[_K]
+    if not 0 <= k < len(tokens):
+        raise ValueError(f"{names.CALL}: {k} drafts in {len(tokens)} tokens")
+    return VerifyCall(_unsigned(f[_SEQ]), f[_START], tokens[:len(tokens) - k],
+                      tokens[len(tokens) - k:], draft_probs, sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
                       bool(f[_IN_TARGET]), None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]])
 
 

@@ -181,7 +181,7 @@ class DraftModel(_EngineModel):
 
 class TargetModel(_EngineModel):
     role = "target"
-    inputs = _COMMON + (names.DRAFT_TOKENS,)
+    inputs = _COMMON
 
     def parse(self, inputs, request):
         probs = read_torch(self.pb, request, names.DRAFT_PROBS)

@@ -86,6 +86,14 @@ def test_wire_format_round_trip_and_config_types():
     assert calls.verify_call(calls.verify_inputs(VerifyCall(1, 0, [3], [], None, s)), None).drafts == []
     assert calls.is_release(calls.release_inputs(9)) and not calls.is_release(p_in)
     assert set(p_in) == {names.CALL, names.SAMPLING, names.TOKENS}  # every tensor costs a call
+    # Triton batches only requests with the same inputs: drafted or not, a verification has
+    # the release's (draft_probs, a sampled draft's from draft_model, is the one extra).
+    assert set(v_in) == set(calls.verify_inputs(VerifyCall(1, 0, [3], [], None, s))) == \
+        set(calls.release_inputs(9)) == set(p_in)
+    bad = calls.verify_inputs(VerifyCall(1, 0, [3], [4], None, s))
+    bad[names.CALL][0, 2] = 2   # two drafts claimed in two tokens: no committed token left
+    with pytest.raises(ValueError, match="2 drafts in 2 tokens"):
+        calls.verify_call(bad, None)
     assert calls.sequence_id(calls.release_inputs(2**64 - 1)) == 2**64 - 1
     assert calls.verdict(calls.verdict_output(Verdict([7, 8, 9], 2))) == Verdict([7, 8, 9], 2)
     # With an EAGLE-3 head: the next round's proposal, its drafting time, a failure.
