@@ -1,6 +1,7 @@
 """`specdec tune`: refusals that name what is wrong, and a whole run on a small real-format pair."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -10,10 +11,13 @@ from tests.tiny_checkpoints import make_checkpoint, make_draft
 
 ROOT_TOKENIZER = "models/default/target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# The embedded target and the EAGLE-3 head shipped for it (`specdec distill --method eagle3`):
+# the head tests need one that accepts some drafts, and training one here cost a minute of CI.
+DEFAULT = Path(__file__).resolve().parents[2] / "models" / "default"
+DEFAULT_TARGET, DEFAULT_HEAD = str(DEFAULT / "target"), str(DEFAULT / "eagle")
 
 
 def with_tokenizer(path, src=ROOT_TOKENIZER):
-    from pathlib import Path
     for name in TOKENIZER_FILES:
         shutil.copy2(Path(__file__).resolve().parents[2] / src / name, path / name)
     return path
@@ -107,38 +111,30 @@ def test_predicted_speedup_is_the_policys_model():
     assert predicted_speedup(2, [1.0, 1.0], costly) == pytest.approx(3 / 2.0)
 
 
-@pytest.fixture(scope="module")
-def head(pair, tmp_path_factory):
-    from tests.core.eagle_helpers import trained_head_dir
-    # A short training: the test needs a head that accepts some drafts, not a good one.
-    return trained_head_dir(pair[0], tmp_path_factory.mktemp("tune-head") / "head", steps=60)
-
-
-def test_a_head_is_tuned_like_a_draft(pair, head, prompts, tmp_path, capsys):
+def test_a_head_is_tuned_like_a_draft(prompts, tmp_path, capsys):
     """--eagle-head: the same K table with the head drafting inside the target's verification
     (the output exact at every K), its acceptance by position, the best K."""
     out = tmp_path / "tune.json"
-    assert tune("--target", pair[0], "--eagle-head", head, "--prompts", prompts, "--ks", "1,3",
-                "--max-tokens", 12, "--out", out) == 0
+    assert tune("--target", DEFAULT_TARGET, "--eagle-head", DEFAULT_HEAD, "--prompts", prompts,
+                "--ks", "1,3", "--max-tokens", 12, "--out", out) == 0
     report = json.loads(out.read_text())
-    assert report["proposer"] == "eagle" and report["eagle_head"] == str(head)
+    assert report["proposer"] == "eagle" and report["eagle_head"] == DEFAULT_HEAD
     assert report["draft"] is None
     rows = report["rows"]
     assert [r["k"] for r in rows] == [0, 1, 3]
     assert all(r["same_output_as_target_only"] == 3 for r in rows)
     assert rows[1]["acceptance"] > 0 and rows[1]["c"] > 0, rows
     assert report["acceptance_by_position"][0] > 0
-    assert "the EAGLE-3 head head" in capsys.readouterr().out
+    assert "the EAGLE-3 head eagle" in capsys.readouterr().out
 
 
-def test_a_head_that_does_not_fit_the_target_is_refused_by_name(pair, head, prompts, tmp_path,
-                                                                capsys):
+def test_a_head_that_does_not_fit_the_target_is_refused_by_name(prompts, tmp_path, capsys):
     other = tmp_path / "other"
-    shutil.copytree(head, other)
+    shutil.copytree(DEFAULT_HEAD, other)
     cfg = json.loads((other / "config.json").read_text())
     cfg["transformer_layer_config"]["hidden_size"] *= 2
     cfg["target_hidden_size"] *= 2
     (other / "config.json").write_text(json.dumps(cfg))
-    assert tune("--target", pair[0], "--eagle-head", other, "--prompts", prompts) == 2
+    assert tune("--target", DEFAULT_TARGET, "--eagle-head", other, "--prompts", prompts) == 2
     err = capsys.readouterr().err
     assert str(other) in err and "hidden_size" in err, err
