@@ -198,6 +198,14 @@ class Server:
                           **{key: float(inf[key]["ns"]) for key in TRITON_PHASES}}
         return out
 
+    def batch_sizes(self, model: str) -> dict[int, int]:
+        """Executions of `model` by the rows the dynamic batcher put in them (Triton's
+        batch_stats): how a batch split, where rows per execution only says that it did."""
+        url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
+        m = json.loads(urllib.request.urlopen(url, timeout=10).read())["model_stats"][0]
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"])
+                for b in m.get("batch_stats", [])}
+
     def stop(self) -> None:
         """Stop the process group and remove the backend directory (the log stays)."""
         self._stop_sampling.set()

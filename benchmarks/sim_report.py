@@ -37,6 +37,7 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
     if r.get("served"):
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
         out["target_batch"] = r["served"].get("target_batch")
+        out["target_batch_sizes"] = r["served"].get("target_batch_sizes")
     return out
 
 
@@ -44,12 +45,19 @@ def _f(x, fmt=".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _sizes(sizes: dict | None) -> str:
+    """{rows: executions} as "1:131 3:95": JSON keeps the keys as text."""
+    return " ".join(f"{b}:{n}" for b, n in sorted((int(b), n) for b, n in sizes.items())) \
+        if sizes else "-"
+
+
 def table(rows: list[dict]) -> str:
     out = ["| mode | streams | setting | in-process tok/s | served tok/s | served / in-process "
            "| tokens/round | round ms in-process | round ms served | overhead ms/round "
            "| of which draft call | verify call | outside calls | served / in-process at x1, "
-           "projected | BLS calls/round | served target rows/batch | in-process calls over table |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "projected | BLS calls/round | served target rows/batch | target executions by rows "
+           "| in-process calls over table |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
@@ -65,5 +73,6 @@ def table(rows: list[dict]) -> str:
             f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
             f"| {_f(ov.get('outside_ms'))} | {x1} "
             f"| {_f(calls, '.2f')} | {_f(r.get('target_batch'), '.2f')} "
+            f"| {_sizes(r.get('target_batch_sizes'))} "
             f"| {_f(over if over is None else 100 * over, '.0f')} % |")
     return "\n".join(out)
