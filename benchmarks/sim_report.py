@@ -57,7 +57,7 @@ def table(rows: list[dict]) -> str:
            "| of which draft call | verify call | outside calls | served / in-process at x1, "
            "projected | BLS calls/round | served target rows/batch | target executions by rows "
            "| in-process calls over table |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+           "|---|---:|---|" + "---:|" * 13 + "---|---:|"]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]

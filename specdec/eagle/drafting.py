@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..graphs import GraphedForward
 from ..draft_steps import StepRows, draft_steps
+from ..graphs import GraphedForward
 from ..in_target import InTargetDrafter, Verified
 from ..kv_cache import KVCache
 from ..model import Batch

@@ -103,8 +103,9 @@ def verify_call(inputs: dict, draft_probs) -> VerifyCall:
     tokens, k = inputs[names.TOKENS].reshape(-1).tolist(), f[_K]
     if not 0 <= k < len(tokens):
         raise ValueError(f"{names.CALL}: {k} drafts in {len(tokens)} tokens")
-    return VerifyCall(_unsigned(f[_SEQ]), f[_START], tokens[:len(tokens) - k],
-                      tokens[len(tokens) - k:], draft_probs, sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
+    n = len(tokens) - k
+    return VerifyCall(_unsigned(f[_SEQ]), f[_START], tokens[:n], tokens[n:], draft_probs,
+                      sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
                       bool(f[_IN_TARGET]), None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]])
 
 
