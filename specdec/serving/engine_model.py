@@ -73,8 +73,9 @@ class _EngineModel:
                 say(f"{self.role}_model", line)
         self._show_slots()
         if s.in_target_fault:   # tests only: a drafter fails in a verification that stands
+            # Per model: draft_model reads the same setting and loads first.
             drafter_faults = faults.Injector(faults.first_process(
-                faults.parse(s.in_target_fault), "in_target"))
+                faults.parse(s.in_target_fault), f"{self.role}_model.in_target"))
             self.engine.drafter_fault = lambda: drafter_faults.before(1)[0]
         # Benchmarks only: calls padded to a device's cost table (simulate.py), said loudly.
         self.engine = simulate.from_env(self.engine, self.role)
