@@ -182,19 +182,14 @@ class Server:
         return out
 
     def model_stats(self) -> dict[str, dict[str, float]]:
-        """Triton's own statistics of draft_model and target_model: request count, inferences
-        and executions, and summed nanoseconds of queue, compute_input, compute_infer,
-        compute_output."""
+        """Triton's own statistics of draft_model and target_model: request count and summed
+        nanoseconds of queue, compute_input, compute_infer, compute_output."""
         out = {}
         for model in (DRAFT, TARGET):
             url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
             st = json.loads(urllib.request.urlopen(url, timeout=10).read())
-            m = st["model_stats"][0]
-            inf = m["inference_stats"]
-            # inferences / executions: the rows the dynamic batcher put in one execute call
+            inf = st["model_stats"][0]["inference_stats"]
             out[model] = {"count": float(inf["success"]["count"]),
-                          "inferences": float(m["inference_count"]),
-                          "executions": float(m["execution_count"]),
                           **{key: float(inf[key]["ns"]) for key in TRITON_PHASES}}
         return out
 

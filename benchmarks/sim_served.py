@@ -66,15 +66,13 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
 
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
         streams: int) -> dict:
-    before, stats_before = server.metrics(), server.model_stats()[TARGET]
-    sizes_before = server.batch_sizes(TARGET)
+    before, sizes_before = server.metrics(), server.batch_sizes(TARGET)
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
     per_round = server.by_label("specdec_bls_calls_per_round", "proposer")
-    stats = server.model_stats()[TARGET]
-    executions = stats["executions"] - stats_before["executions"]
     sizes = {b: n - sizes_before.get(b, 0) for b, n in sorted(server.batch_sizes(TARGET).items())}
+    executions = sum(sizes.values())
     out = {"tokens": tokens, "wall_s": wall, "request_s": sum(r.total_s for r in reqs),
            "rounds": d.get("specdec_rounds_total", 0.0),
            "draft_s": d.get("specdec_draft_latency_seconds_sum", 0.0),
@@ -85,7 +83,7 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            "accepted": d.get("specdec_accepted_tokens_total", 0.0),
            "bls_calls_per_round": per_round,
            # target_model's rows per execution: in process a round's rows make one batch
-           "target_batch": (stats["inferences"] - stats_before["inferences"]) / executions
+           "target_batch": sum(b * n for b, n in sizes.items()) / executions
            if executions else None,
            "target_batch_sizes": {b: n for b, n in sizes.items() if n}}
     log(f"served {mode.name} x{streams} {setting.label}: {tokens / wall:.1f} tok/s")

@@ -272,8 +272,9 @@ def test_model_failure_is_internal_and_releases(serving):
     class Broken:
         def execute(self, requests):
             # Fails once drafts arrive: after the prefill round, with the draft's slot open.
-            call = fake_pb.get_input_tensor_by_name(requests[0], names.CALL).as_numpy()
-            if call[0, 2] > 0:   # its k (calls.py)
+            inputs = {n: fake_pb.get_input_tensor_by_name(requests[0], n).as_numpy()
+                      for n in (names.CALL, names.SAMPLING, names.TOKENS)}
+            if calls.verify_call(inputs, None).drafts:
                 raise RuntimeError("target exploded")
             return serving.target.execute(requests)
 

@@ -1,8 +1,7 @@
 """Tensor parallelism (specdec/parallel.py) at degree 2 over gloo, two processes on the CPU:
 greedy tokens equal degree 1's in float32, speculative (a draft model beside the target or in
 its process, prompt lookup, an EAGLE-3 head or Medusa heads on rank 0) equal target-only at
-degree 2, each rank holding only its slices; shapes that do
-not divide are refused by name."""
+degree 2, each rank holding only its slices; shapes that do not divide are refused by name."""
 import json
 import socket
 import sys
