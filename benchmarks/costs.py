@@ -298,11 +298,12 @@ def main(argv=None) -> int:
             r["implied"] = implied(r, args.ks, args.acceptance, args.lengths)
         results["runs"][key] = per_b
         print(f"{key}: {time.perf_counter() - t1:.0f} s", file=sys.stderr, flush=True)
-    if device.type == "cuda":
-        results["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        # Written after each setting: a run stopped at its time limit keeps what it measured.
+        if device.type == "cuda":
+            results["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results, args))
     return 0
 

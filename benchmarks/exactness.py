@@ -4,11 +4,13 @@ batch-invariant arithmetic (specdec/invariant.py), and what the invariance costs
 In process (the project's engine and loop, no Triton), on the default pair and its EAGLE-3 head
 unless told otherwise. Per mode (off, on): the target-only reference (all prompts batched), then
 the draft model at each K and at auto, prompt lookup, the head and hybrid, all prompts batched;
-for each, the prompts whose output differs from that mode's own reference and the first
+with --in-target also the drafters served in target_model's process (the draft model co-located,
+SWIFT with --self-skip, Medusa heads with --medusa) on a second target engine; for each, the prompts whose output differs from that mode's own reference and the first
 differing token, and output tokens per second. One line per run, a JSON summary at the end.
 
     .venv/bin/python benchmarks/exactness.py                     # bf16, 16 prompts x 128 tokens
     .venv/bin/python benchmarks/exactness.py --dtype float32 --ks 4
+    .venv/bin/python benchmarks/exactness.py --in-target --medusa reports/medusa-short
 """
 from __future__ import annotations
 
@@ -25,11 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specdec.engine import Engine  # noqa: E402
+from specdec.in_target import ColocatedDraft  # noqa: E402
 from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
 from specdec.loop import open_policy, speculate  # noqa: E402
-from specdec.records import Request  # noqa: E402
+from specdec.medusa.checkpoint import load_medusa  # noqa: E402
+from specdec.medusa.drafting import MedusaDrafter  # noqa: E402
 from specdec.ngram import NgramProposer  # noqa: E402
 from specdec.policy import Planner  # noqa: E402
+from specdec.records import IN_TARGET, Proposer, Request  # noqa: E402
+from specdec.swift import SkipView, parse_skip  # noqa: E402
 
 DEFAULT = ROOT / "models" / "default"
 
@@ -41,24 +47,29 @@ def prompts(n: int) -> list[list[int]]:
     return [tok(json.loads(line)["prompt"])["input_ids"] for line in lines]
 
 
-def run(target: Engine, draft: Engine | None, reqs: list[Request], head: bool) -> list[list[int]]:
-    in_target = tuple(target.drafters) if head else ()
+def run(target: Engine, draft: Engine | None, reqs: list[Request],
+        in_target: tuple[Proposer, ...]) -> tuple[list[list[int]], tuple[int, int]]:
+    """Each request's output, and the tokens drafted and accepted over all of them."""
     drafter = LocalDrafter(draft) if draft else None
-    verifier, ngram, planner = LocalVerifier(target), NgramProposer(), Planner(8)
+    # A draft model in the target's process drafts a round ahead, as the head does.
+    verifier, ngram = LocalVerifier(target), NgramProposer()
+    planner = Planner(8, in_target=IN_TARGET + in_target)
 
     async def one(i, req):
         out, policy = [], open_policy(planner, req)
         try:
-            await speculate(1000 + i, req, drafter, verifier, target.max_len,
-                            lambda c: out.extend(c.tokens), policy=policy, ngram=ngram,
-                            in_target=in_target)
+            stats = await speculate(1000 + i, req, drafter, verifier, target.max_len,
+                                    lambda c: out.extend(c.tokens), policy=policy, ngram=ngram,
+                                    in_target=in_target)
         finally:
             planner.close(policy)
-        return out
+        return out, stats
 
     async def all_():
         return await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
-    return asyncio.run(all_())
+    done = asyncio.run(all_())
+    return [o for o, _ in done], (sum(s.total_draft_tokens for _, s in done),
+                                  sum(s.total_accepted_draft_tokens for _, s in done))
 
 
 def transformers_greedy(ps: list[list[int]], max_tokens: int, dtype) -> list[list[int]]:
@@ -91,6 +102,10 @@ def main() -> None:
     ap.add_argument("--cost-only", action="store_true", help="skip the output comparison")
     ap.add_argument("--transformers", action="store_true",
                     help="also compare target-only with transformers' greedy generate, same dtype")
+    ap.add_argument("--in-target", action="store_true",
+                    help="also the draft model co-located, SWIFT and Medusa (with --medusa)")
+    ap.add_argument("--self-skip", default="2,4", help="SWIFT's skipped layers")
+    ap.add_argument("--medusa", type=Path, help="Medusa-1 heads for the default target")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -101,28 +116,43 @@ def main() -> None:
     targets = {mode: Engine.load(str(DEFAULT / "target"), len(ps), max_len, dtype, device,
                                  head_path=str(DEFAULT / "eagle"), batch_invariant=mode == "on")
                for mode in ("off", "on")}
+    # The drafters target_model serves in its process, on a second engine of the same target
+    # (their catch-up follows every verification, which the costs below must not pay).
+    hosts = {mode: in_target_engine(a, len(ps), max_len, dtype, device, mode == "on")
+             for mode in (("off", "on") if a.in_target else ())}
+
+    drafted: tuple[int, int] = (0, 0)
 
     def timed(mode: str, proposer: str, k: str) -> tuple[list[list[int]], float]:
+        nonlocal drafted
         auto = k == "auto"
-        reqs = [Request(p, a.max_tokens, 8 if auto else int(k), proposer=proposer, auto=auto)
+        kind = Proposer.DRAFT if proposer == "colocated" else Proposer(proposer)
+        reqs = [Request(p, a.max_tokens, 8 if auto else int(k), proposer=kind, auto=auto)
                 for p in ps]
         t0 = time.perf_counter()
-        out = run(targets[mode], draft if proposer in ("draft", "hybrid") else None, reqs,
-                  proposer in ("eagle", "hybrid"))
+        if proposer in ("colocated", "self", "medusa"):
+            out, drafted = run(hosts[mode], None, reqs, (kind,))
+        else:
+            out, drafted = run(targets[mode], draft if proposer in ("draft", "hybrid") else None, reqs,
+                      (Proposer.EAGLE,) if proposer in ("eagle", "hybrid") else ())
         return out, sum(map(len, out)) / (time.perf_counter() - t0)
 
     summary = []
     runs = [("draft", k) for k in a.ks.split(",")] + [("ngram", "8"), ("eagle", "4"),
                                                       ("hybrid", "auto")]
+    if a.in_target:
+        runs += [("colocated", "4"), ("self", "2"), ("self", "auto")]
+        runs += [("medusa", "2"), ("medusa", "auto")] if a.medusa else []
     for mode in () if a.cost_only else ("off", "on"):
         ref, _ = timed(mode, "ngram", "0")
         for proposer, k in runs:
             out, _ = timed(mode, proposer, k)
             first = first_differences(out, ref)
             print(f"invariant {mode}: {proposer} k={k}: {len(first)} of {len(ps)} differ from "
-                  f"target-only" + (f", first at tokens {first}" if first else ""), flush=True)
+                  f"target-only" + (f", first at tokens {first}" if first else "") +
+                  f" ({drafted[1]} of {drafted[0]} drafts accepted)", flush=True)
             summary.append(dict(invariant=mode, proposer=proposer, k=k, differ=len(first),
-                                first=first))
+                                first=first, drafted=drafted[0], accepted=drafted[1]))
         if a.transformers and mode == "on":
             first = first_differences(transformers_greedy(ps, a.max_tokens, dtype), ref)
             print(f"transformers {a.dtype} greedy against target-only: {len(first)} of "
@@ -145,6 +175,24 @@ def main() -> None:
     if a.json:
         a.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(a).items()},
                                           runs=summary), indent=1))
+
+
+def in_target_engine(a, rows: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                     invariant: bool) -> Engine:
+    """The default target with the draft model co-located, SWIFT and Medusa heads attached, as
+    serving/drafters.py attaches them."""
+    engine = Engine.load(str(DEFAULT / "target"), rows, max_len, dtype, device,
+                         batch_invariant=invariant)
+    draft = Engine.load(str(DEFAULT / "draft"), rows, max_len, dtype, device,
+                        vocab_size=engine.model.args.vocab_size)
+    engine.add_drafter(Proposer.DRAFT, ColocatedDraft(draft))
+    view = SkipView(engine.model, parse_skip(a.self_skip, engine.model.args.num_layers, "skip"))
+    engine.add_drafter(Proposer.SELF, ColocatedDraft(Engine(view, rows, max_len, device,
+                                                             vocab_size=engine.vocab_size)))
+    if a.medusa:
+        heads = load_medusa(a.medusa, engine.model.args, dtype, device)
+        engine.add_drafter(Proposer.MEDUSA, MedusaDrafter(heads, engine.vocab_size))
+    return engine
 
 
 if __name__ == "__main__":
