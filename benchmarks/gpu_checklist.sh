@@ -32,6 +32,11 @@ costs)
     stamp "CUDA core tests"
     timeout 100 $py -m pytest -q -p no:cacheprovider tests/core -k "cuda or captured" 2>&1 \
         | tee "$out/core-tests.log" | tail -6
+    #    Which operators keep a row's bits whatever else the forward holds, on this GPU, and
+    #    what the invariant linear layer costs at 8B's shapes.
+    stamp "invariance probe"
+    timeout 90 $py benchmarks/invariance_probe.py --device cuda --json "$out/invariance.json" \
+        2>&1 | tee "$out/invariance.md"
     #    Speculative greedy output against target-only in bf16 on CUDA, every proposer (the
     #    in-target ones with --in-target; Medusa heads where reports/medusa-short travelled),
     #    invariance off and on, then its cost.
@@ -43,7 +48,7 @@ costs)
     stamp "random pair and head"
     timeout 170 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head 2>&1 | tail -4
     stamp "costs"
-    timeout 200 $py benchmarks/costs.py --pair "$pair" --calls "${CALLS:-15}" --warmup 3 \
+    timeout 240 $py benchmarks/costs.py --pair "$pair" --calls "${CALLS:-10}" --warmup 3 \
         --json "$out/costs.json" 2>&1 | tee "$out/costs.md"
     ;;
 distill)

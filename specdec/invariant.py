@@ -22,22 +22,33 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-ROWS = 16       # rows per GEMM: a multiple of the CPU and GPU kernels' row tiles
+ROWS = 16       # rows per GEMM on the CPU: a multiple of its kernels' row tiles
+CUDA_ROWS = 128  # rows per GEMM on CUDA: a decode batch's tokens (16 rows x K + 1) in one or two
 KV_BLOCK = 64   # keys per block of the value sum; keys are padded to a multiple of it
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), each row computed in a [ROWS, in] x [in, out] GEMM."""
+    """F.linear(x, weight, bias), each row computed in a GEMM of one shape whatever M is: on the
+    CPU [ROWS, in] x [in, out] blocks in one bmm; on CUDA [CUDA_ROWS, in] blocks, a GEMM each."""
     shape = x.shape
     rows = x.reshape(-1, shape[-1])
     m = rows.shape[0]
-    pad = -m % ROWS
+    block = CUDA_ROWS if x.device.type == "cuda" else ROWS
+    pad = -m % block
     if pad:
         rows = F.pad(rows, (0, 0, 0, pad))
-    blocks = rows.view(-1, ROWS, shape[-1])                                # [N, ROWS, in]
-    # bmm over a stride-0 weight: one call, one GEMM shape per block, no copy of the weight.
-    out = torch.bmm(blocks, weight.t().expand(blocks.shape[0], -1, -1))   # [N, ROWS, out]
-    out = out.reshape(-1, weight.shape[0])[:m]
+    if x.device.type == "cuda":
+        # cuBLAS picks its kernel by the GEMM's shape, a bmm's batch count included, and a
+        # bmm reads the weight once per block: separate GEMMs of one shape are invariant, and
+        # up to CUDA_ROWS rows a decode step's GEMM is bound by reading the weight, so the
+        # padding is nearly free (benchmarks/invariance_probe.py measures both).
+        out = torch.cat([F.linear(b, weight) for b in rows.split(block)])
+    else:
+        blocks = rows.view(-1, ROWS, shape[-1])                            # [N, ROWS, in]
+        # bmm over a stride-0 weight: one call, one GEMM shape per block, no weight copy.
+        out = torch.bmm(blocks, weight.t().expand(blocks.shape[0], -1, -1))  # [N, ROWS, out]
+        out = out.reshape(-1, weight.shape[0])
+    out = out[:m]
     if bias is not None:
         out = out + bias
     return out.view(*shape[:-1], weight.shape[0])
@@ -95,6 +106,8 @@ def plain_linear_is_invariant(weight: torch.Tensor) -> bool:
     """Whether F.linear at this weight's shape, dtype and device gives every row the bits it
     gets alone, at each of _PROBE_ROWS rows (some CPU kernels do: bfloat16 without AMX sums
     each output in one order). Then the blocks are pure cost and `linear` is not needed."""
+    if weight.device.type == "cuda":
+        return False   # cuBLAS chooses its kernel by M, and no probe covers every M
     key = (weight.device.type, weight.dtype, tuple(weight.shape))
     if key not in _probed:
         gen = torch.Generator().manual_seed(0)

@@ -156,8 +156,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @cuda
 def test_captured_cuda_graphs_keep_greedy_exact(pair_dir, hf_greedy):  # noqa: F811
     dev = torch.device("cuda")
-    target, draft = (Engine(load_model(p, torch.float32, dev), 8, 128, dev, cuda_graphs=True)
-                     for p in pair_dir)
+    target, draft = (Engine(load_model(p, torch.float32, dev), len(prompts()), 128, dev,
+                            cuda_graphs=True) for p in pair_dir)
     for k in (0, 4):
         for n in (12, 3, 1):
             results = generate(target, draft, [Request(p, MAX_TOKENS, k) for p in prompts()[:n]])

@@ -257,7 +257,7 @@ def test_head_steps_through_the_graphed_path_equal_the_eager_path(pair_dir, head
 def test_captured_head_graphs_keep_greedy_exact(pair_dir, head_dir, greedy):
     dev = torch.device("cuda")
     model = load_model(pair_dir[0], torch.float32, dev)
-    engine = Engine(model, 8, 128, dev, cuda_graphs=True,
+    engine = Engine(model, len(prompts()), 128, dev, cuda_graphs=True,
                     head=load_head(head_dir, model, torch.float32, dev))
     assert engine.head.graphs.graphs[(1, 1)].graph is not None   # captured at load
     results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")

@@ -1,0 +1,147 @@
+"""Which operators give a token's row the same bits whatever else its forward holds, on this
+device and dtype, and what the batch-invariant linear layer costs (specdec/invariant.py).
+
+Per operator and shape (the default target's and Llama-3.1-8B's, random weights made here), the
+row counts M in 1..--max-rows at which some row differs from the same row computed alone:
+F.linear, invariant.linear, the CPU's blocked bmm on this device, RMSNorm; and for
+invariant.attention, the (tokens in the call, rows) at which a query's output differs from
+the same query alone. Then the median ms of F.linear and invariant.linear at 8B's shapes.
+
+    python3 benchmarks/invariance_probe.py --device cuda --json $OUT/invariance.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specdec import invariant  # noqa: E402
+from specdec.config import ModelArgs  # noqa: E402
+from specdec.model import RMSNorm  # noqa: E402
+
+# (in, out) of Llama-3.1-8B's linear layers: q/o, k/v, gate/up, down, lm_head.
+SHAPES_8B = [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 128256)]
+
+
+def bmm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The CPU's invariant.linear (16-row blocks in one bmm over a stride-0 weight), here."""
+    m = x.shape[0]
+    rows = F.pad(x, (0, 0, 0, -m % invariant.ROWS)).view(-1, invariant.ROWS, x.shape[1])
+    return torch.bmm(rows, w.t().expand(rows.shape[0], -1, -1)).reshape(-1, w.shape[0])[:m]
+
+
+LINEARS = {"F.linear": lambda x, w: F.linear(x, w),
+           "invariant.linear": lambda x, w: invariant.linear(x, w, None),
+           "16-row bmm": bmm_linear}
+
+
+def differing_rows(fn, x: torch.Tensor, max_rows: int) -> list[int]:
+    """The M at which fn(x[:M]) differs, in any row, from each row computed alone."""
+    alone = torch.cat([fn(x[i:i + 1]) for i in range(max_rows)])
+    return [m for m in range(2, max_rows + 1) if not torch.equal(fn(x[:m]), alone[:m])]
+
+
+def attention_differs(device, dtype, kv: int, g: int, d: int, gen) -> list[list[int]]:
+    """(t, b) at which the last query of t tokens, in a call of b rows, differs from it alone,
+    at positions around the 64-key blocks."""
+    bad = []
+    for end in (40, 63, 64, 65, 127, 130, 200):
+        k = torch.randn(16, kv, end, d, generator=gen).to(device, dtype)
+        v = torch.randn(16, kv, end, d, generator=gen).to(device, dtype)
+        q = torch.randn(16, kv * g, 9, d, generator=gen).to(device, dtype)
+        pos = torch.arange(end, device=device)
+        with torch.inference_mode():
+            def call(t, b):
+                qs = q[:b, :, 9 - t:]
+                mask = (pos[None, :] <= torch.arange(end - t, end, device=device)[:, None])
+                return invariant.attention(qs, k[:b], v[:b], mask[None, None].expand(b, 1, t, end),
+                                           d ** -0.5, None)[:, :, -1]
+            alone = call(1, 1)[0]
+            for t in (1, 2, 3, 5, 9):
+                for b in (1, 3, 16):
+                    if not torch.equal(call(t, b)[0], alone):
+                        bad.append([end, t, b])
+    return bad
+
+
+def timed(fn, device, n: int = 30) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(n):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-rows", type=int, default=160)
+    ap.add_argument("--target", type=Path, default=ROOT / "models" / "default" / "target")
+    ap.add_argument("--skip-8b", action="store_true", help="the default target's shapes only")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    device, dtype = torch.device(a.device), getattr(torch, a.dtype)
+    gen = torch.Generator().manual_seed(0)
+    args = ModelArgs.from_dir(a.target)
+    h, inter = args.hidden_size, args.intermediate_size
+    kv, g, d = args.num_kv_heads, args.num_heads // args.num_kv_heads, args.head_dim
+    shapes = [("default", (h, args.num_heads * d)), ("default", (h, kv * d)),
+              ("default", (h, inter)), ("default", (inter, h)), ("default", (h, args.vocab_size))]
+    shapes += [] if a.skip_8b else [("8b", s) for s in SHAPES_8B]
+    out: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                 "dtype": a.dtype, "linear": [], "rmsnorm": [], "attention": {}, "ms": []}
+    with torch.inference_mode():
+        for model, (n_in, n_out) in shapes:
+            w = (torch.randn(n_out, n_in, generator=gen) * n_in ** -0.5).to(device, dtype)
+            x = torch.randn(a.max_rows, n_in, generator=gen).to(device, dtype)
+            for name, fn in LINEARS.items():
+                bad = differing_rows(lambda r: fn(r, w), x, a.max_rows)
+                out["linear"].append(dict(model=model, shape=[n_in, n_out], op=name, differ_at=bad))
+                print(f"{model} [{n_in} -> {n_out}] {name}: "
+                      f"{len(bad)} of {a.max_rows - 1} row counts differ"
+                      + (f" (first {bad[:8]})" if bad else ""), flush=True)
+            if model == "8b" and device.type == "cuda":
+                for m in (1, 16, 48, 144):
+                    row = dict(shape=[n_in, n_out], m=m)
+                    for name, fn in LINEARS.items():
+                        row[name] = timed(lambda: fn(x[:m], w), device)
+                    out["ms"].append(row)
+                    print(f"8b [{n_in} -> {n_out}] M={m}: " + ", ".join(
+                        f"{k} {v:.3f} ms" for k, v in row.items() if k not in ("shape", "m")),
+                        flush=True)
+        for dim in (h, 4096):
+            norm = RMSNorm(dim, 1e-5).to(device, dtype)
+            x = torch.randn(a.max_rows, dim, generator=gen).to(device, dtype)
+            bad = differing_rows(norm, x, a.max_rows)
+            out["rmsnorm"].append(dict(dim=dim, differ_at=bad))
+            print(f"RMSNorm {dim}: {len(bad)} of {a.max_rows - 1} row counts differ"
+                  + (f" (first {bad[:8]})" if bad else ""), flush=True)
+        for model, (kv_, g_, d_) in [("default", (kv, g, d))] + \
+                ([] if a.skip_8b else [("8b", (8, 4, 128))]):
+            bad = attention_differs(device, dtype, kv_, g_, d_, gen)
+            out["attention"][model] = bad
+            print(f"invariant.attention {model}: {len(bad)} (end, t, b) of 105 differ"
+                  + (f" (first {bad[:6]})" if bad else ""), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
