@@ -50,26 +50,56 @@ def differing_rows(fn, x: torch.Tensor, max_rows: int) -> list[int]:
     return [m for m in range(2, max_rows + 1) if not torch.equal(fn(x[:m]), alone[:m])]
 
 
-def attention_differs(device, dtype, kv: int, g: int, d: int, gen) -> list[list[int]]:
-    """(t, b) at which the last query of t tokens, in a call of b rows, differs from it alone,
-    at positions around the 64-key blocks."""
+def stacked_attention(q, k, v, mask, scale, rows: int | None = None, tokens: int | None = None):
+    """A candidate: per row and key/value head one [t g, D] x [D, L] score GEMM (no copy of
+    the keys per token); with `rows`/`tokens`, the call padded to that many rows and tokens,
+    so every call has one shape. q [B, H, T, D]; k, v [B, KV, L, D]; mask [B, 1, T, L]."""
+    b, h, t, d = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    g = h // kv
+    pad_b, pad_t = (rows or b) - b, (tokens or t) - t
+    q = F.pad(q, (0, 0, 0, pad_t, 0, 0, 0, pad_b))
+    mask = F.pad(mask, (0, 0, 0, pad_t, 0, 0, 0, pad_b))
+    k, v = F.pad(k, (0, 0, 0, 0, 0, 0, 0, pad_b)), F.pad(v, (0, 0, 0, 0, 0, 0, 0, pad_b))
+    bb, tt = q.shape[0], q.shape[2]
+    rows_ = q.view(bb, kv, g, tt, d).transpose(2, 3).float().reshape(bb * kv, tt * g, d)
+    scores = torch.bmm(rows_, k.float().reshape(bb * kv, length, d).transpose(1, 2)) * scale
+    scores = scores.view(bb, kv, tt, g, length).masked_fill(~mask[:, :, :, None], float("-inf"))
+    p = scores.softmax(-1).view(bb * kv, tt * g, length)
+    out = torch.bmm(p, v.float().reshape(bb * kv, length, d))                  # [BKV, T g, D]
+    out = out.view(bb, kv, tt, g, d).permute(0, 1, 3, 2, 4).reshape(bb, h, tt, d)
+    return out[:b, :, :t].to(q.dtype)
+
+
+ATTENTIONS = {"invariant.attention": lambda q, k, v, m, s: invariant.attention(q, k, v, m, s, None),
+              "stacked": stacked_attention,
+              "stacked, padded to 16 x 9": lambda q, k, v, m, s: stacked_attention(q, k, v, m, s,
+                                                                                  16, 9)}
+
+
+def attention_differs(fn, device, dtype, kv: int, g: int, d: int, gen) -> list[list[int]]:
+    """(end, t, b, extra) at which the last query of t tokens, in a call of b rows over `extra`
+    masked keys past the end, differs from it alone, at ends around 64-key blocks."""
     bad = []
     for end in (40, 63, 64, 65, 127, 130, 200):
-        k = torch.randn(16, kv, end, d, generator=gen).to(device, dtype)
-        v = torch.randn(16, kv, end, d, generator=gen).to(device, dtype)
+        n = end + 128
+        k = torch.randn(16, kv, n, d, generator=gen).to(device, dtype)
+        v = torch.randn(16, kv, n, d, generator=gen).to(device, dtype)
         q = torch.randn(16, kv * g, 9, d, generator=gen).to(device, dtype)
-        pos = torch.arange(end, device=device)
+        pos = torch.arange(n, device=device)
         with torch.inference_mode():
-            def call(t, b):
+            def call(t, b, extra):
                 qs = q[:b, :, 9 - t:]
-                mask = (pos[None, :] <= torch.arange(end - t, end, device=device)[:, None])
-                return invariant.attention(qs, k[:b], v[:b], mask[None, None].expand(b, 1, t, end),
-                                           d ** -0.5, None)[:, :, -1]
-            alone = call(1, 1)[0]
+                mask = (pos[None, :end + extra] <=
+                        torch.arange(end - t, end, device=device)[:, None])
+                return fn(qs, k[:b, :, :end + extra], v[:b, :, :end + extra],
+                          mask[None, None].expand(b, 1, t, end + extra), d ** -0.5)[:, :, -1]
+            alone = call(1, 1, 0)[0]
             for t in (1, 2, 3, 5, 9):
                 for b in (1, 3, 16):
-                    if not torch.equal(call(t, b)[0], alone):
-                        bad.append([end, t, b])
+                    for extra in (0, 64, 128):
+                        if not torch.equal(call(t, b, extra)[0], alone):
+                            bad.append([end, t, b, extra])
     return bad
 
 
@@ -135,10 +165,21 @@ def main() -> None:
                   + (f" (first {bad[:8]})" if bad else ""), flush=True)
         for model, (kv_, g_, d_) in [("default", (kv, g, d))] + \
                 ([] if a.skip_8b else [("8b", (8, 4, 128))]):
-            bad = attention_differs(device, dtype, kv_, g_, d_, gen)
-            out["attention"][model] = bad
-            print(f"invariant.attention {model}: {len(bad)} (end, t, b) of 105 differ"
-                  + (f" (first {bad[:6]})" if bad else ""), flush=True)
+            for name, fn in ATTENTIONS.items():
+                bad = attention_differs(fn, device, dtype, kv_, g_, d_, gen)
+                out["attention"][f"{model} {name}"] = bad
+                print(f"{name} {model}: {len(bad)} (end, t, b, extra) of 315 differ"
+                      + (f" (first {bad[:6]})" if bad else ""), flush=True)
+            if device.type == "cuda":   # a verification's attention at 8B's shape, 16 x 9
+                q = torch.randn(16, kv_ * g_, 9, d_, device=device, dtype=dtype)
+                k = torch.randn(16, kv_, 576, d_, device=device, dtype=dtype)
+                v = torch.randn_like(k)
+                m = torch.ones(16, 1, 9, 576, dtype=torch.bool, device=device)
+                ms = {name: timed(lambda fn=fn: fn(q, k, v, m, d_ ** -0.5), device)
+                      for name, fn in ATTENTIONS.items()}
+                out["ms"].append(dict(attention=model, **ms))
+                print(f"attention {model}, 16 rows x 9 tokens over 576 keys: " +
+                      ", ".join(f"{k_} {v_:.3f} ms" for k_, v_ in ms.items()), flush=True)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
