@@ -4,8 +4,9 @@ device and dtype, and what the batch-invariant linear layer costs (specdec/invar
 Per operator and shape (the default target's and Llama-3.1-8B's, random weights made here), the
 row counts M in 1..--max-rows at which some row differs from the same row computed alone:
 F.linear, invariant.linear, the CPU's blocked bmm on this device, RMSNorm; and for
-invariant.attention, the (tokens in the call, rows) at which a query's output differs from
-the same query alone. Then the median ms of F.linear and invariant.linear at 8B's shapes.
+invariant.attention (and the CPU's path, and a variant without padding, here on this device),
+the (end, tokens in the call, rows, masked keys past the end) at which a query's output
+differs from the same query alone. Then the median ms of F.linear and invariant.linear at 8B's shapes.
 
     python3 benchmarks/invariance_probe.py --device cuda --json $OUT/invariance.json
 """
@@ -50,31 +51,24 @@ def differing_rows(fn, x: torch.Tensor, max_rows: int) -> list[int]:
     return [m for m in range(2, max_rows + 1) if not torch.equal(fn(x[:m]), alone[:m])]
 
 
-def stacked_attention(q, k, v, mask, scale, rows: int | None = None, tokens: int | None = None):
-    """A candidate: per row and key/value head one [t g, D] x [D, L] score GEMM (no copy of
-    the keys per token); with `rows`/`tokens`, the call padded to that many rows and tokens,
-    so every call has one shape. q [B, H, T, D]; k, v [B, KV, L, D]; mask [B, 1, T, L]."""
+def stacked_attention(q, k, v, mask, scale):
+    """A candidate that failed on an H200: invariant.attention's CUDA path without its padding
+    to a fixed number of rows and tokens (per row and key/value head one score GEMM)."""
     b, h, t, d = q.shape
     kv, length = k.shape[1], k.shape[2]
     g = h // kv
-    pad_b, pad_t = (rows or b) - b, (tokens or t) - t
-    q = F.pad(q, (0, 0, 0, pad_t, 0, 0, 0, pad_b))
-    mask = F.pad(mask, (0, 0, 0, pad_t, 0, 0, 0, pad_b))
-    k, v = F.pad(k, (0, 0, 0, 0, 0, 0, 0, pad_b)), F.pad(v, (0, 0, 0, 0, 0, 0, 0, pad_b))
-    bb, tt = q.shape[0], q.shape[2]
-    rows_ = q.view(bb, kv, g, tt, d).transpose(2, 3).float().reshape(bb * kv, tt * g, d)
-    scores = torch.bmm(rows_, k.float().reshape(bb * kv, length, d).transpose(1, 2)) * scale
-    scores = scores.view(bb, kv, tt, g, length).masked_fill(~mask[:, :, :, None], float("-inf"))
-    p = scores.softmax(-1).view(bb * kv, tt * g, length)
-    out = torch.bmm(p, v.float().reshape(bb * kv, length, d))                  # [BKV, T g, D]
-    out = out.view(bb, kv, tt, g, d).permute(0, 1, 3, 2, 4).reshape(bb, h, tt, d)
-    return out[:b, :, :t].to(q.dtype)
+    rows = q.view(b, kv, g, t, d).transpose(2, 3).float().reshape(b * kv, t * g, d)
+    scores = torch.bmm(rows, k.float().reshape(b * kv, length, d).transpose(1, 2)) * scale
+    scores = scores.view(b, kv, t, g, length).masked_fill(~mask[:, :, :, None], float("-inf"))
+    p = scores.softmax(-1).view(b * kv, t * g, length)
+    out = torch.bmm(p, v.float().reshape(b * kv, length, d))
+    return out.view(b, kv, t, g, d).permute(0, 1, 3, 2, 4).reshape(b, h, t, d).to(q.dtype)
 
 
 ATTENTIONS = {"invariant.attention": lambda q, k, v, m, s: invariant.attention(q, k, v, m, s, None),
-              "stacked": stacked_attention,
-              "stacked, padded to 16 x 9": lambda q, k, v, m, s: stacked_attention(q, k, v, m, s,
-                                                                                  16, 9)}
+              "CPU path (per-token GEMMs)":
+                  lambda q, k, v, m, s: invariant._attention_blocks(q, k, v, m, s, None),
+              "unpadded stacked GEMMs": stacked_attention}
 
 
 def attention_differs(fn, device, dtype, kv: int, g: int, d: int, gen) -> list[list[int]]:

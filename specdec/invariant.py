@@ -25,6 +25,7 @@ import torch.nn.functional as F
 ROWS = 16       # rows per GEMM on the CPU: a multiple of its kernels' row tiles
 CUDA_ROWS = 128  # rows per GEMM on CUDA: a decode batch's tokens (16 rows x K + 1) in one or two
 KV_BLOCK = 64   # keys per block of the value sum; keys are padded to a multiple of it
+ATTN_ROWS, ATTN_TOKENS = 16, 9   # CUDA: rows and tokens per attention call (a K = 8 round)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -60,6 +61,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     [B, H, T, D] in q's dtype. Each token's g = H / KV query heads of one key/value head are
     one [g, D] x [D, L] GEMM, and its value sum [g, KV_BLOCK] x [KV_BLOCK, D] GEMMs: the shapes
     of a token alone, however many tokens and rows the forward holds."""
+    if q.device.type == "cuda":
+        return _attention_cuda(q, k, v, mask, scale, softcap)
+    return _attention_blocks(q, k, v, mask, scale, softcap)
+
+
+def _attention_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float, softcap: float | None) -> torch.Tensor:
+    """invariant.attention on the CPU: per-token score GEMMs, values summed per KV_BLOCK."""
     b, h, t, d = q.shape
     kv, length = k.shape[1], k.shape[2]
     g = h // kv
@@ -83,6 +92,48 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
                       values.reshape(-1, KV_BLOCK, d).contiguous())
     out = _sum_in_order(parts.view(b * kv * t, blocks, g, d))                # [BKVT, g, D]
     return out.view(b, kv, t, g, d).permute(0, 1, 3, 2, 4).reshape(b, h, t, d).to(q.dtype)
+
+
+def _attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    scale: float, softcap: float | None) -> torch.Tensor:
+    """invariant.attention on CUDA: calls of exactly ATTN_ROWS rows x ATTN_TOKENS tokens (each
+    padded), per row and key/value head one [ATTN_TOKENS g, D] x [D, L] score GEMM and one
+    [ATTN_TOKENS g, L] x [L, D] value GEMM, in float32. cuBLAS chooses its kernel by the batch
+    count and M, which then never change; on an H200 this kept every query's bits alone,
+    beside others, and over 64 or 128 masked keys more (benchmarks/invariance_probe.py),
+    where the CPU's per-token GEMMs did not."""
+    b, t = q.shape[0], q.shape[2]
+    out = torch.cat([torch.cat([_attention_call(q[r:r + ATTN_ROWS, :, i:i + ATTN_TOKENS],
+                                                k[r:r + ATTN_ROWS], v[r:r + ATTN_ROWS],
+                                                mask[r:r + ATTN_ROWS, :, i:i + ATTN_TOKENS],
+                                                scale, softcap)
+                               for i in range(0, t, ATTN_TOKENS)], 2)
+                     for r in range(0, b, ATTN_ROWS)])
+    return out
+
+
+def _attention_call(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    """One call of at most ATTN_ROWS rows x ATTN_TOKENS tokens, padded to exactly that."""
+    b, h, t, d = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    g = h // kv
+    pb, pt = ATTN_ROWS - b, ATTN_TOKENS - t
+    q = F.pad(q, (0, 0, 0, pt, 0, 0, 0, pb))
+    mask = F.pad(mask, (0, 0, 0, pt, 0, 0, 0, pb))
+    k, v = F.pad(k, (0, 0, 0, 0, 0, 0, 0, pb)), F.pad(v, (0, 0, 0, 0, 0, 0, 0, pb))
+    rows = q.view(ATTN_ROWS, kv, g, ATTN_TOKENS, d).transpose(2, 3).float() \
+        .reshape(ATTN_ROWS * kv, ATTN_TOKENS * g, d)                        # [R KV, T g, D]
+    keys = k.float().reshape(ATTN_ROWS * kv, length, d)
+    scores = torch.bmm(rows, keys.transpose(1, 2)) * scale                   # [R KV, T g, L]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.view(ATTN_ROWS, kv, ATTN_TOKENS, g, length)
+    # A padded token masks every key: its softmax is NaN, in rows that are then dropped.
+    scores = scores.masked_fill(~mask[:, :, :, None], float("-inf"))
+    p = scores.softmax(-1).view(ATTN_ROWS * kv, ATTN_TOKENS * g, length)
+    out = torch.bmm(p, v.float().reshape(ATTN_ROWS * kv, length, d))         # [R KV, T g, D]
+    out = out.view(ATTN_ROWS, kv, ATTN_TOKENS, g, d).permute(0, 1, 3, 2, 4)
+    return out.reshape(ATTN_ROWS, h, ATTN_TOKENS, d)[:b, :, :t].to(q.dtype)
 
 
 def _sum_in_order(parts: torch.Tensor) -> torch.Tensor:

@@ -169,6 +169,23 @@ def test_attention_matches_sdpa_within_rounding():
     assert torch.allclose(invariant.attention(q, k, v, mask, 32 ** -0.5, None), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("b, t, softcap", [(2, 5, None), (17, 20, 30.0), (1, 1, None)])
+def test_the_cuda_attention_path_computes_attention(b, t, softcap):
+    """invariant.attention's CUDA path (calls of 16 rows x 9 tokens, padded; its invariance is
+    measured on a GPU by benchmarks/invariance_probe.py), run here on the CPU: the CPU path's
+    result within float32 rounding, past 16 rows and 9 tokens too, padded rows dropped."""
+    gen = torch.Generator().manual_seed(b)
+    kv, g, d, n = 2, 3, 16, 130
+    q = torch.randn(b, kv * g, t, d, generator=gen)
+    k, v = (torch.randn(b, kv, n, d, generator=gen) for _ in range(2))
+    pos = torch.arange(n - t, n)
+    mask = (torch.arange(n)[None] <= pos[:, None])[None, None].expand(b, 1, t, n)
+    got = invariant._attention_cuda(q, k, v, mask, d ** -0.5, softcap)
+    assert got.shape == q.shape and not got.isnan().any()
+    assert torch.allclose(got, invariant.attention(q, k, v, mask, d ** -0.5, softcap),
+                          atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_blocked_linear_gives_each_row_its_bits_alone(dtype):
     gen = torch.Generator().manual_seed(1)
