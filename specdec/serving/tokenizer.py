@@ -7,12 +7,28 @@ from transformers itself), never imported; and nothing is fetched from a hub.
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, torch_free: bool = False):
+    """torch_free: in a Triton stub process that never needs torch (preprocessing,
+    postprocessing). With torch installed transformers imports it: 5.5 s of CPU with the
+    tokenizer on our CPUs, while every process of a starting server competes for the cores.
+    Hidden there, as if not installed, the same tokenizer loads in 1.8 s (transformers then
+    leaves out its models, which a tokenizer does not use). Never in another process, where
+    torch or transformers' models may be wanted later (tests load these models in theirs)."""
+    if torch_free and in_triton_stub() and "transformers" not in sys.modules:
+        sys.modules.setdefault("torch", None)    # find_spec and import then report it absent
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")   # "PyTorch was not found"
     from transformers import AutoTokenizer   # the serve extra; imported where it is needed
     return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+
+
+def in_triton_stub() -> bool:
+    """Whether this is a Triton Python backend stub: it imports its C module at start."""
+    return "c_python_backend_utils" in sys.modules
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

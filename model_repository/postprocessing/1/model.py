@@ -15,7 +15,7 @@ from specdec.serving.tokenizer import decode_ids, load_tokenizer
 class TritonPythonModel:
     def initialize(self, args):
         path = tokenizer_path(parameters(json.loads(args["model_config"])))
-        self.tokenizer = load_tokenizer(path)
+        self.tokenizer = load_tokenizer(path, torch_free=True)
         self.cancels = CancelForwarder(pb_utils)
 
     def _decode(self, ids):

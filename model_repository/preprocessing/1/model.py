@@ -15,7 +15,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = parameters(json.loads(args["model_config"]))
         self.limits = RequestLimits.parse(params)
-        self.tokenizer = load_tokenizer(tokenizer_path(params))
+        self.tokenizer = load_tokenizer(tokenizer_path(params), torch_free=True)
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
