@@ -22,7 +22,7 @@ from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
-from .model import Batch, Transformer
+from .model import Batch, Transformer, on_meta
 from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities
@@ -297,7 +297,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def weight_bytes(args: ModelArgs, dtype: torch.dtype, tp: Shard | None = None) -> int:
     """The bytes of a model's weights in `dtype` (a rank's: args its local_args, tp its Shard),
     counted on the meta device: no memory."""
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(args, tp)
     model.tie_weights()
     return sum(p.numel() for p in model.parameters()) * dtype.itemsize

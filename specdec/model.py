@@ -15,6 +15,7 @@ a batch mixes prefills, K+1-token verifications and single draft steps.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +112,14 @@ def rope_table(args: ModelArgs) -> torch.Tensor:
     return torch.stack([torch.stack(inverse_frequencies(r, dim)) for r in args.ropes])
 
 
+def rope_buffer(args: ModelArgs) -> torch.Tensor:
+    """rope_table on the default device, computed on the CPU: on meta (on_meta) its operators
+    would import torch's decompositions, 2 s of CPU the first time in a process."""
+    with torch.device("cpu"):
+        table = rope_table(args)
+    return table.to(torch.get_default_device())
+
+
 # Checkpoint tensors that are one tensor here, concatenated along the output dimension in order.
 FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
@@ -144,6 +153,21 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         return x * cos + x.roll(r // 2, -1) * sin
     head = x[..., :r]
     return torch.cat((head * cos + head.roll(r // 2, -1) * sin, x[..., r:]), -1)
+
+
+@contextmanager
+def on_meta():
+    """Build modules on the meta device, shapes only, for a checkpoint's tensors to replace.
+    Without nn.Embedding's random init: normal_ has no C++ meta kernel, and its Python one
+    imports torch's decompositions, 2.7 s of CPU the first time in a process (every model
+    process of a starting server paid it; rope_buffer keeps RoPE's table off meta too)."""
+    init = nn.Embedding.reset_parameters
+    nn.Embedding.reset_parameters = lambda self: None
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        nn.Embedding.reset_parameters = init
 
 
 class Linear(nn.Linear):
@@ -290,7 +314,7 @@ class Transformer(nn.Module):
         self.args, self.tp = args, tp
         self.model = Backbone(args, tp)
         self.lm_head = Linear(args.hidden_size, vocab_rows(args, tp), bias=False)
-        self.register_buffer("inv_freq", rope_table(args), persistent=False)
+        self.register_buffer("inv_freq", rope_buffer(args), persistent=False)
         self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
         # Layers whose outputs (residual stream, before the next layer) forward also returns:

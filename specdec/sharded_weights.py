@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .config import CheckpointError, ModelArgs
-from .model import FUSED, Transformer, rope_table
+from .model import FUSED, Transformer, on_meta, rope_table
 from .parallel import Layout, Shard, layout, local_args
 from .weights import _IGNORED_SUFFIXES, _checkpoint_names, safetensors_files
 
@@ -29,7 +29,7 @@ def load_shard(path: str | Path, dtype: torch.dtype, device: torch.device | str,
     path = Path(path)
     full = ModelArgs.from_dir(path)
     place = layout(full, tp.rank, tp.world, f"{path}/config.json")
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(local_args(full, place), tp)
         reference = Transformer(full)   # the full shapes, to check the files against
     names = [n for n in model.state_dict()

@@ -9,7 +9,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import CheckpointError, ModelArgs
-from .model import FUSED, Transformer, rope_table
+from .model import FUSED, Transformer, on_meta, rope_table
 
 # Buffers some older checkpoints carry that this implementation recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -47,7 +47,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str)
     """Build the model on the meta device and assign the checkpoint's tensors: one copy in memory."""
     path = Path(path)
     args = ModelArgs.from_dir(path)
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(args)
     state = {}
     for file in safetensors_files(path):

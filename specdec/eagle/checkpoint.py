@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..config import CheckpointError
-from ..model import FUSED, Transformer, rope_table
+from ..model import FUSED, Transformer, on_meta, rope_table
 from ..weights import safetensors_files
 from .config import EAGLE, SPECULATORS, HeadArgs, head_args, read_head_config
 from .head import EagleHead
@@ -29,7 +29,7 @@ def load_head(path: str | Path, target: Transformer, dtype: torch.dtype,
     """The head at `path` for `target` (loaded), its tensors in `dtype` on `device`."""
     path = Path(path)
     h = head_args(read_head_config(path), target.args, f"{path}/config.json")
-    with torch.device("meta"):
+    with on_meta():
         head = EagleHead(h)
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(path):

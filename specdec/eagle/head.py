@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import attention
 from ..kv_cache import KVCache
-from ..model import MLP, Attention, Batch, RMSNorm, rope_table, rotation
+from ..model import MLP, Attention, Batch, RMSNorm, rope_buffer, rotation
 from .config import HeadArgs
 
 
@@ -67,7 +67,7 @@ class EagleHead(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.lm_head = nn.Linear(a.hidden_size, h.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(h.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("inv_freq", rope_table(a), persistent=False)
+        self.register_buffer("inv_freq", rope_buffer(a), persistent=False)
         self.flash: attention.FlashKernel | None = None  # set by the engine, as the target's
 
     def forward(self, batch: Batch, feature: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..config import CheckpointError, ModelArgs
+from ..model import on_meta
 from .config import MedusaArgs, medusa_args, read_medusa_config
 from .head import MedusaHead
 
@@ -36,7 +37,7 @@ def load_medusa(path: str | Path, target: ModelArgs, dtype: torch.dtype,
     except (OSError, SafetensorError) as e:
         raise CheckpointError(f"{file}: cannot be read: {e}") from None
     _check_tensors(state, m, file)
-    with torch.device("meta"):
+    with on_meta():
         head = MedusaHead(m)
     head.heads.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
     return head.eval().requires_grad_(False)
