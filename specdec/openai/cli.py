@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     limits, grace = Limits.read(), grace_s()   # the server's SPECDEC_* settings, as it reads them
     path = args.tokenizer or tokenizer_path({})
     served = args.served_model_name or Path(path).resolve().name
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, torch_free=True)   # this process never needs torch
     app = create_app(SpecDecoding(args.grpc_url, tokenizer, args.triton_model, limits.request),
                      tokenizer, served, limits)
     print(f"specdec openai: http://{args.host}:{args.port}/v1 serving '{served}' (Triton "

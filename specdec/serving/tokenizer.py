@@ -13,13 +13,13 @@ from pathlib import Path
 
 
 def load_tokenizer(path: str, torch_free: bool = False):
-    """torch_free: in a Triton stub process that never needs torch (preprocessing,
-    postprocessing). With torch installed transformers imports it: 5.5 s of CPU with the
-    tokenizer on our CPUs, while every process of a starting server competes for the cores.
-    Hidden there, as if not installed, the same tokenizer loads in 1.8 s (transformers then
-    leaves out its models, which a tokenizer does not use). Never in another process, where
-    torch or transformers' models may be wanted later (tests load these models in theirs)."""
-    if torch_free and in_triton_stub() and "transformers" not in sys.modules:
+    """torch_free: the caller's process never needs torch (a Triton stub of preprocessing or
+    postprocessing, the OpenAI gateway). With torch installed transformers imports it: 5.5 s of
+    CPU with the tokenizer on our CPUs, while every process of a starting server competes for
+    the cores. Hidden, as if not installed, the same tokenizer loads in 1.8 s (transformers then
+    leaves out its models, which a tokenizer does not use). Never where torch or transformers'
+    models may be wanted later, tests' own processes included."""
+    if torch_free and "transformers" not in sys.modules:
         sys.modules.setdefault("torch", None)    # find_spec and import then report it absent
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")   # "PyTorch was not found"
     from transformers import AutoTokenizer   # the serve extra; imported where it is needed
@@ -27,7 +27,8 @@ def load_tokenizer(path: str, torch_free: bool = False):
 
 
 def in_triton_stub() -> bool:
-    """Whether this is a Triton Python backend stub: it imports its C module at start."""
+    """Whether this is a Triton Python backend stub (it imports its C module at start), not a
+    test's process that runs a model.py on fakes."""
     return "c_python_backend_utils" in sys.modules
 
 

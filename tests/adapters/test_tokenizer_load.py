@@ -13,8 +13,8 @@ SCRIPT = f"""
 import json, sys, types
 if sys.argv[1] == "stub":   # what the Triton Python backend stub has imported at start
     sys.modules["c_python_backend_utils"] = types.ModuleType("c_python_backend_utils")
-from specdec.serving.tokenizer import decode_ids, encode_prompt, load_tokenizer
-tok = load_tokenizer({str(TARGET)!r}, torch_free=True)
+from specdec.serving.tokenizer import decode_ids, encode_prompt, in_triton_stub, load_tokenizer
+tok = load_tokenizer({str(TARGET)!r}, torch_free=in_triton_stub())   # as pre/postprocessing
 ids = encode_prompt(tok, {TEXT!r})
 print(json.dumps(dict(torch=sys.modules.get("torch", "absent") is not None, ids=ids,
                       text=decode_ids(tok, ids))))

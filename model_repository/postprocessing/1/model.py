@@ -9,13 +9,13 @@ from specdec.serving.adapter import error_response, parameters, read_inputs
 from specdec.serving.bls import CancelForwarder
 from specdec.serving.detokenize import piece
 from specdec.serving.settings import tokenizer_path
-from specdec.serving.tokenizer import decode_ids, load_tokenizer
+from specdec.serving.tokenizer import decode_ids, in_triton_stub, load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args):
         path = tokenizer_path(parameters(json.loads(args["model_config"])))
-        self.tokenizer = load_tokenizer(path, torch_free=True)
+        self.tokenizer = load_tokenizer(path, torch_free=in_triton_stub())
         self.cancels = CancelForwarder(pb_utils)
 
     def _decode(self, ids):

@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
 from specdec.serving.requests import parse_stop_words, parse_text
-from specdec.serving.tokenizer import encode_request, load_tokenizer
+from specdec.serving.tokenizer import encode_request, in_triton_stub, load_tokenizer
 from specdec.serving.settings import RequestLimits, tokenizer_path
 
 
@@ -15,7 +15,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = parameters(json.loads(args["model_config"]))
         self.limits = RequestLimits.parse(params)
-        self.tokenizer = load_tokenizer(tokenizer_path(params), torch_free=True)
+        self.tokenizer = load_tokenizer(tokenizer_path(params), torch_free=in_triton_stub())
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
