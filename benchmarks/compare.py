@@ -21,6 +21,10 @@ machine does not land on one setting):
            draft model, chosen per round): target-only, hybrid auto and K=2,4,6 at 1 stream;
            target-only, hybrid auto and K=2,4 at 16 streams (--prompts-file picks the workload;
            --load-streams and --load-ks the second part's streams and fixed K)
+  self     SWIFT, the target drafting with layers skipped (--self-skip, SPECDEC_SELF_SKIP):
+           target-only, self auto and K=2,4 at 1 stream; target-only, self auto and --load-ks
+           at --load-streams
+  medusa   Medusa-1 heads (--medusa, SPECDEC_MEDUSA_HEADS): the same settings
 poor, default and capped draft with the draft model only (proposer=draft), so they show the
 policy alone.
 
@@ -62,7 +66,7 @@ DRAFTED = "specdec_draft_tokens_total"
 @dataclass(frozen=True)
 class Setting:
     k: int                     # num_draft_tokens: 0 target-only, AUTO, or fixed
-    proposer: str = "draft"    # draft, ngram, eagle or hybrid
+    proposer: str = "draft"    # draft, ngram, eagle, self, medusa or hybrid
 
     @property
     def label(self) -> str:
@@ -214,6 +218,15 @@ def plans(name: str, args, tmp: Path) -> tuple[Path, dict, list[tuple[Setting, i
         plan += [(TARGET_ONLY, n)] + [(Setting(k, p), n) for p in ("draft", "eagle")
                                       for k in (AUTO, *args.load_ks)] + [
             (Setting(AUTO, "hybrid"), n)]
+    elif name in ("self", "medusa"):
+        if name == "medusa" and not (args.medusa and args.medusa.is_dir()):
+            raise SystemExit("the medusa scenario needs --medusa HEADS (specdec distill "
+                             "--method medusa)")
+        env = ({"SPECDEC_SELF_SKIP": args.self_skip} if name == "self"
+               else {"SPECDEC_MEDUSA_HEADS": str(args.medusa)})
+        n = args.load_streams
+        plan = [(TARGET_ONLY, 1)] + [(Setting(k, name), 1) for k in (AUTO, 2, 4)] + [
+            (TARGET_ONLY, n)] + [(Setting(k, name), n) for k in (AUTO, *args.load_ks)]
     elif name == "hybrid":
         plan = [(TARGET_ONLY, 1)] + [(Setting(k, "hybrid"), 1) for k in (AUTO, 2, 4, 6)]
         n = args.load_streams
@@ -233,6 +246,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
     ap.add_argument("--eagle-head", type=Path, default=DEFAULT_TARGET.parent / "eagle",
                     help="the eagle scenario's head (default: the shipped one)")
+    ap.add_argument("--self-skip", default="2,4",
+                    help="the self scenario's skipped layers (SPECDEC_SELF_SKIP; specdec tune "
+                         "--self finds them)")
+    ap.add_argument("--medusa", type=Path, help="the medusa scenario's Medusa-1 heads")
     ap.add_argument("--scenarios", default="poor,default,capped,repeat,free")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--repeat-prompts", type=Path, default=REPEATING)

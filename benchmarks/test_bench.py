@@ -187,3 +187,19 @@ def test_compare_plans_the_load_part_at_the_streams_and_k_asked(tmp_path):
     assert [s.k for s, n in steps if n == 16] == [0, compare.AUTO, 2, 4]
     with pytest.raises(SystemExit):
         compare.parse_args(["--load-ks", "4,x"])
+
+
+def test_compare_plans_self_and_medusa_with_their_server_settings(tmp_path):
+    import compare
+
+    args = compare.parse_args(["--self-skip", "1,3", "--medusa", str(tmp_path)])
+    _, env, steps, _ = compare.plans("self", args, tmp_path)
+    assert env == {"SPECDEC_SELF_SKIP": "1,3"}
+    assert [(s.label, n) for s, n in steps] == [
+        ("target-only", 1), ("self auto", 1), ("self K=2", 1), ("self K=4", 1),
+        ("target-only", 16), ("self auto", 16), ("self K=2", 16), ("self K=4", 16)]
+    _, env, steps, _ = compare.plans("medusa", args, tmp_path)
+    assert env == {"SPECDEC_MEDUSA_HEADS": str(tmp_path)}
+    assert {s.proposer for s, _ in steps if s.k} == {"medusa"}
+    with pytest.raises(SystemExit, match="--medusa HEADS"):
+        compare.plans("medusa", compare.parse_args([]), tmp_path)
