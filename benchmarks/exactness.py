@@ -5,8 +5,9 @@ In process (the project's engine and loop, no Triton), on the default pair and i
 unless told otherwise. Per mode (off, on): the target-only reference (all prompts batched), then
 the draft model at each K and at auto, prompt lookup, the head and hybrid, all prompts batched;
 with --in-target also the drafters served in target_model's process (the draft model co-located,
-SWIFT with --self-skip, Medusa heads with --medusa) on a second target engine; for each, the prompts whose output differs from that mode's own reference and the first
-differing token, and output tokens per second. One line per run, a JSON summary at the end.
+SWIFT with --self-skip, Medusa heads with --medusa) on a second target engine; for each, the
+prompts whose output differs from that mode's own reference and the first differing token, the
+drafts accepted, and output tokens per second. One line per run, a JSON summary at the end.
 
     .venv/bin/python benchmarks/exactness.py                     # bf16, 16 prompts x 128 tokens
     .venv/bin/python benchmarks/exactness.py --dtype float32 --ks 4
@@ -133,8 +134,9 @@ def main() -> None:
         if proposer in ("colocated", "self", "medusa"):
             out, drafted = run(hosts[mode], None, reqs, (kind,))
         else:
-            out, drafted = run(targets[mode], draft if proposer in ("draft", "hybrid") else None, reqs,
-                      (Proposer.EAGLE,) if proposer in ("eagle", "hybrid") else ())
+            out, drafted = run(targets[mode],
+                               draft if proposer in ("draft", "hybrid") else None, reqs,
+                               (Proposer.EAGLE,) if proposer in ("eagle", "hybrid") else ())
         return out, sum(map(len, out)) / (time.perf_counter() - t0)
 
     summary = []

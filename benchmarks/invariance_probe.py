@@ -6,7 +6,8 @@ row counts M in 1..--max-rows at which some row differs from the same row comput
 F.linear, invariant.linear, the CPU's blocked bmm on this device, RMSNorm; and for
 invariant.attention (and the CPU's path, and a variant without padding, here on this device),
 the (end, tokens in the call, rows, masked keys past the end) at which a query's output
-differs from the same query alone. Then the median ms of F.linear and invariant.linear at 8B's shapes.
+differs from the same query alone. Then the median ms of F.linear and invariant.linear at 8B's
+shapes, and of the attentions at 16 rows x 9 tokens.
 
     python3 benchmarks/invariance_probe.py --device cuda --json $OUT/invariance.json
 """
