@@ -12,6 +12,8 @@ drafts accepted, and output tokens per second. One line per run, a JSON summary 
     .venv/bin/python benchmarks/exactness.py                     # bf16, 16 prompts x 128 tokens
     .venv/bin/python benchmarks/exactness.py --dtype float32 --ks 4
     .venv/bin/python benchmarks/exactness.py --in-target --medusa reports/medusa-short
+    python3 benchmarks/exactness.py --device cuda --target /tmp/rp/target --draft /tmp/rp/draft \
+        --head /tmp/rp/eagle --ks 4 --max-tokens 64     # make_random_pair.py --head --out /tmp/rp
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specdec.config import ModelArgs  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.in_target import ColocatedDraft  # noqa: E402
 from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
@@ -73,9 +76,10 @@ def run(target: Engine, draft: Engine | None, reqs: list[Request],
                                   sum(s.total_accepted_draft_tokens for _, s in done))
 
 
-def transformers_greedy(ps: list[list[int]], max_tokens: int, dtype) -> list[list[int]]:
+def transformers_greedy(ps: list[list[int]], max_tokens: int, dtype,
+                        target: Path = DEFAULT / "target") -> list[list[int]]:
     import transformers
-    model = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT / "target", dtype=dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     out = []
     for p in ps:
         ids = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
@@ -107,15 +111,21 @@ def main() -> None:
                     help="also the draft model co-located, SWIFT and Medusa (with --medusa)")
     ap.add_argument("--self-skip", default="2,4", help="SWIFT's skipped layers")
     ap.add_argument("--medusa", type=Path, help="Medusa-1 heads for the default target")
+    ap.add_argument("--target", type=Path, default=DEFAULT / "target",
+                    help="a checkpoint with the default pair's tokenizer (make_random_pair.py)")
+    ap.add_argument("--draft", type=Path, default=DEFAULT / "draft")
+    ap.add_argument("--head", default=str(DEFAULT / "eagle"), help="'none': no head runs")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dtype, device = getattr(torch, a.dtype), torch.device(a.device)
     ps = prompts(a.prompts)
     max_len = max(map(len, ps)) + a.max_tokens + 16
-    draft = Engine.load(str(DEFAULT / "draft"), len(ps), max_len, dtype, device)
-    targets = {mode: Engine.load(str(DEFAULT / "target"), len(ps), max_len, dtype, device,
-                                 head_path=str(DEFAULT / "eagle"), batch_invariant=mode == "on")
+    head = None if a.head == "none" else a.head
+    vocab = ModelArgs.from_dir(a.target).vocab_size
+    draft = Engine.load(str(a.draft), len(ps), max_len, dtype, device, vocab_size=vocab)
+    targets = {mode: Engine.load(str(a.target), len(ps), max_len, dtype, device,
+                                 head_path=head, batch_invariant=mode == "on")
                for mode in ("off", "on")}
     # The drafters target_model serves in its process, on a second engine of the same target
     # (their catch-up follows every verification, which the costs below must not pay).
@@ -134,14 +144,14 @@ def main() -> None:
         if proposer in ("colocated", "self", "medusa"):
             out, drafted = run(hosts[mode], None, reqs, (kind,))
         else:
+            eagle = (Proposer.EAGLE,) if head and proposer in ("eagle", "hybrid") else ()
             out, drafted = run(targets[mode],
-                               draft if proposer in ("draft", "hybrid") else None, reqs,
-                               (Proposer.EAGLE,) if proposer in ("eagle", "hybrid") else ())
+                               draft if proposer in ("draft", "hybrid") else None, reqs, eagle)
         return out, sum(map(len, out)) / (time.perf_counter() - t0)
 
     summary = []
-    runs = [("draft", k) for k in a.ks.split(",")] + [("ngram", "8"), ("eagle", "4"),
-                                                      ("hybrid", "auto")]
+    runs = [("draft", k) for k in a.ks.split(",")] + [("ngram", "8")] + (
+        [("eagle", "4"), ("hybrid", "auto")] if head else [("hybrid", "auto")])
     if a.in_target:
         runs += [("colocated", "4"), ("self", "2"), ("self", "auto")]
         runs += [("medusa", "2"), ("medusa", "auto")] if a.medusa else []
@@ -156,7 +166,8 @@ def main() -> None:
             summary.append(dict(invariant=mode, proposer=proposer, k=k, differ=len(first),
                                 first=first, drafted=drafted[0], accepted=drafted[1]))
         if a.transformers and mode == "on":
-            first = first_differences(transformers_greedy(ps, a.max_tokens, dtype), ref)
+            first = first_differences(transformers_greedy(ps, a.max_tokens, dtype, a.target),
+                                      ref)
             print(f"transformers {a.dtype} greedy against target-only: {len(first)} of "
                   f"{len(ps)} differ" + (f", first at tokens {first}" if first else ""),
                   flush=True)
@@ -183,9 +194,9 @@ def in_target_engine(a, rows: int, max_len: int, dtype: torch.dtype, device: tor
                      invariant: bool) -> Engine:
     """The default target with the draft model co-located, SWIFT and Medusa heads attached, as
     serving/drafters.py attaches them."""
-    engine = Engine.load(str(DEFAULT / "target"), rows, max_len, dtype, device,
+    engine = Engine.load(str(a.target), rows, max_len, dtype, device,
                          batch_invariant=invariant)
-    draft = Engine.load(str(DEFAULT / "draft"), rows, max_len, dtype, device,
+    draft = Engine.load(str(a.draft), rows, max_len, dtype, device,
                         vocab_size=engine.model.args.vocab_size)
     engine.add_drafter(Proposer.DRAFT, ColocatedDraft(draft))
     view = SkipView(engine.model, parse_skip(a.self_skip, engine.model.args.num_layers, "skip"))

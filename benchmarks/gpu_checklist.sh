@@ -2,7 +2,8 @@
 # The GPU checklist (../shared/GPU.md, items 1, 2, 4 and 5) on a lent GPU machine, nothing
 # downloaded: its python3 has torch, transformers, safetensors and pytest, and the models are
 # random weights at Llama-3.1-8B / Llama-3.2-1B / the published 8B EAGLE-3 head's shapes
-# (acceptance means nothing; the costs are real). Figures and logs go to $OUT (else gpu-out/).
+# (acceptance means nothing; the costs are real). Figures and logs are packed into
+# $OUT/checklist-PART.tgz after every step (else gpu-out/).
 #
 #   bash benchmarks/gpu_checklist.sh costs     # items 1, 2, 4: at most 10 minutes
 #   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
@@ -11,16 +12,22 @@
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
 # Item 3 (the same through tritonserver) needs the nvidia-pytriton wheel carried beside the
-# checkout, which with it passes the tool's 64 MiB: not here.
+# checkout (its libraries are 115 MB, a 55 MB wheel), which passes the tool's 64 MiB: not here.
 set -uo pipefail
 part=${1:-costs}
-out=${OUT:-gpu-out}
-mkdir -p "$out"
+# Results are written to a work folder and packed after every step into one archive under $OUT
+# (the device tool brings back at most 8 files, and what a stopped command left there).
+dest=${OUT:-gpu-out}
+out=${WORK:-/tmp/gpu-checklist}
+mkdir -p "$out" "$dest"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
 pair=${PAIR:-/tmp/specdec-random-8b}
 scale=${SCALE:-1}    # a dry run on a CPU: SCALE=0.0625
-stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+stamp() {
+    tar czf "$dest/checklist-$part.tgz" -C "$out" . 2>/dev/null
+    echo "[$(date -u +%H:%M:%S)] $*"
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
 git log -1 --format='commit %H %cI' 2>/dev/null | tee -a "$out/gpu.txt"
@@ -56,6 +63,11 @@ costs)
     stamp "costs"
     timeout 240 $py benchmarks/costs.py --pair "$pair" --calls "${CALLS:-10}" --warmup 3 \
         --json "$out/costs.json" 2>&1 | tee "$out/costs.md"
+    #    Exactness end to end at 8B's shapes: random weights make near-ties everywhere.
+    stamp "exactness at 8B shapes"
+    timeout 150 $py benchmarks/exactness.py --device cuda --target "$pair/target" \
+        --draft "$pair/draft" --head "$pair/eagle" --ks 4 --max-tokens 64 --cost-repeats 0 \
+        --json "$out/exactness-8b.json" 2>&1 | tee "$out/exactness-8b.md"
     ;;
 distill)
     # 5. `specdec distill --method eagle3` at an 8B target: seconds per step and the peak GPU
