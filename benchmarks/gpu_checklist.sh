@@ -68,6 +68,12 @@ costs)
     timeout 150 $py benchmarks/exactness.py --device cuda --target "$pair/target" \
         --draft "$pair/draft" --head "$pair/eagle" --ks 4 --max-tokens 64 --cost-repeats 0 \
         --json "$out/exactness-8b.json" 2>&1 | tee "$out/exactness-8b.md"
+    #    Where a round's milliseconds go at 8B / 1B (the draft measured 2.1 ms a token on an
+    #    H200 where its weights take 0.6 ms to read): CPU operators and GPU kernels.
+    stamp "profile at 8B shapes"
+    timeout 90 $py benchmarks/profile_engine.py --device cuda --target "$pair/target" \
+        --draft "$pair/draft" --k 4 --prompts 2 --max-tokens 32 --top 20 \
+        > "$out/profile-8b.md" 2>&1
     ;;
 distill)
     # 5. `specdec distill --method eagle3` at an 8B target: seconds per step and the peak GPU
