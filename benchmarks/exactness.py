@@ -31,15 +31,13 @@ sys.path.insert(0, str(ROOT))
 
 from specdec.config import ModelArgs  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
-from specdec.in_target import ColocatedDraft  # noqa: E402
 from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
 from specdec.loop import open_policy, speculate  # noqa: E402
-from specdec.medusa.checkpoint import load_medusa  # noqa: E402
-from specdec.medusa.drafting import MedusaDrafter  # noqa: E402
 from specdec.ngram import NgramProposer  # noqa: E402
 from specdec.policy import Planner  # noqa: E402
 from specdec.records import IN_TARGET, Proposer, Request  # noqa: E402
-from specdec.swift import SkipView, parse_skip  # noqa: E402
+from specdec.serving.drafters import attach  # noqa: E402
+from specdec.serving.settings import EngineSettings, InTargetSettings  # noqa: E402
 
 DEFAULT = ROOT / "models" / "default"
 
@@ -132,10 +130,8 @@ def main() -> None:
     hosts = {mode: in_target_engine(a, len(ps), max_len, dtype, device, mode == "on")
              for mode in (("off", "on") if a.in_target else ())}
 
-    drafted: tuple[int, int] = (0, 0)
-
-    def timed(mode: str, proposer: str, k: str) -> tuple[list[list[int]], float]:
-        nonlocal drafted
+    def timed(mode: str, proposer: str, k: str) -> tuple[list[list[int]], float, tuple]:
+        """Outputs, tokens/s, and (drafted, accepted) tokens of one run."""
         auto = k == "auto"
         kind = Proposer.DRAFT if proposer == "colocated" else Proposer(proposer)
         reqs = [Request(p, a.max_tokens, 8 if auto else int(k), proposer=kind, auto=auto)
@@ -147,18 +143,18 @@ def main() -> None:
             eagle = (Proposer.EAGLE,) if head and proposer in ("eagle", "hybrid") else ()
             out, drafted = run(targets[mode],
                                draft if proposer in ("draft", "hybrid") else None, reqs, eagle)
-        return out, sum(map(len, out)) / (time.perf_counter() - t0)
+        return out, sum(map(len, out)) / (time.perf_counter() - t0), drafted
 
     summary = []
     runs = [("draft", k) for k in a.ks.split(",")] + [("ngram", "8")] + (
-        [("eagle", "4"), ("hybrid", "auto")] if head else [("hybrid", "auto")])
+        [("eagle", "4")] if head else []) + [("hybrid", "auto")]
     if a.in_target:
         runs += [("colocated", "4"), ("self", "2"), ("self", "auto")]
         runs += [("medusa", "2"), ("medusa", "auto")] if a.medusa else []
     for mode in () if a.cost_only else ("off", "on"):
-        ref, _ = timed(mode, "ngram", "0")
+        ref, _, _ = timed(mode, "ngram", "0")
         for proposer, k in runs:
-            out, _ = timed(mode, proposer, k)
+            out, _, drafted = timed(mode, proposer, k)
             first = first_differences(out, ref)
             print(f"invariant {mode}: {proposer} k={k}: {len(first)} of {len(ps)} differ from "
                   f"target-only" + (f", first at tokens {first}" if first else "") +
@@ -192,19 +188,14 @@ def main() -> None:
 
 def in_target_engine(a, rows: int, max_len: int, dtype: torch.dtype, device: torch.device,
                      invariant: bool) -> Engine:
-    """The default target with the draft model co-located, SWIFT and Medusa heads attached, as
-    serving/drafters.py attaches them."""
+    """The target with the draft model co-located, SWIFT and Medusa heads attached by
+    serving/drafters.attach, as target_model attaches them."""
     engine = Engine.load(str(a.target), rows, max_len, dtype, device,
                          batch_invariant=invariant)
-    draft = Engine.load(str(a.draft), rows, max_len, dtype, device,
-                        vocab_size=engine.model.args.vocab_size)
-    engine.add_drafter(Proposer.DRAFT, ColocatedDraft(draft))
-    view = SkipView(engine.model, parse_skip(a.self_skip, engine.model.args.num_layers, "skip"))
-    engine.add_drafter(Proposer.SELF, ColocatedDraft(Engine(view, rows, max_len, device,
-                                                             vocab_size=engine.vocab_size)))
-    if a.medusa:
-        heads = load_medusa(a.medusa, engine.model.args, dtype, device)
-        engine.add_drafter(Proposer.MEDUSA, MedusaDrafter(heads, engine.vocab_size))
+    attach(engine, EngineSettings(max_sequences=rows, max_seq_len=max_len,
+                                  cuda_graphs=device.type == "cuda"),
+           InTargetSettings("target", a.self_skip, str(a.medusa or "")),
+           {"draft_model_path": str(a.draft)}, device, dtype)
     return engine
 
 

@@ -53,17 +53,9 @@ def differing_rows(fn, x: torch.Tensor, max_rows: int) -> list[int]:
 
 
 def stacked_attention(q, k, v, mask, scale):
-    """A candidate that failed on an H200: invariant.attention's CUDA path without its padding
-    to a fixed number of rows and tokens (per row and key/value head one score GEMM)."""
-    b, h, t, d = q.shape
-    kv, length = k.shape[1], k.shape[2]
-    g = h // kv
-    rows = q.view(b, kv, g, t, d).transpose(2, 3).float().reshape(b * kv, t * g, d)
-    scores = torch.bmm(rows, k.float().reshape(b * kv, length, d).transpose(1, 2)) * scale
-    scores = scores.view(b, kv, t, g, length).masked_fill(~mask[:, :, :, None], float("-inf"))
-    p = scores.softmax(-1).view(b * kv, t * g, length)
-    out = torch.bmm(p, v.float().reshape(b * kv, length, d))
-    return out.view(b, kv, t, g, d).permute(0, 1, 3, 2, 4).reshape(b, h, t, d).to(q.dtype)
+    """A candidate that failed on an H200: invariant.attention's CUDA call unpadded (rows and
+    tokens as they come), per row and key/value head one score GEMM."""
+    return invariant._attention_call(q, k, v, mask, scale, None, q.shape[0], q.shape[2])
 
 
 ATTENTIONS = {"invariant.attention": lambda q, k, v, m, s: invariant.attention(q, k, v, m, s, None),

@@ -49,7 +49,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         # bmm reads the weight once per block: separate GEMMs of one shape are invariant, and
         # up to CUDA_ROWS rows a decode step's GEMM is bound by reading the weight, so the
         # padding is nearly free (benchmarks/invariance_probe.py measures both).
-        out = torch.cat([F.linear(b, weight) for b in rows.split(block)])
+        out = _cat([F.linear(b, weight) for b in rows.split(block)], 0)
     else:
         blocks = rows.view(-1, ROWS, shape[-1])                            # [N, ROWS, in]
         # bmm over a stride-0 weight: one call, one GEMM shape per block, no weight copy.
@@ -109,37 +109,42 @@ def _attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     beside others, and over 64 or 128 masked keys more (benchmarks/invariance_probe.py),
     where the CPU's per-token GEMMs did not."""
     b, t = q.shape[0], q.shape[2]
-    out = torch.cat([torch.cat([_attention_call(q[r:r + ATTN_ROWS, :, i:i + ATTN_TOKENS],
-                                                k[r:r + ATTN_ROWS], v[r:r + ATTN_ROWS],
-                                                mask[r:r + ATTN_ROWS, :, i:i + ATTN_TOKENS],
-                                                scale, softcap)
-                               for i in range(0, t, ATTN_TOKENS)], 2)
-                     for r in range(0, b, ATTN_ROWS)])
-    return out
+    return _cat([_cat([_attention_call(q[r:r + ATTN_ROWS, :, i:i + ATTN_TOKENS],
+                                       k[r:r + ATTN_ROWS], v[r:r + ATTN_ROWS],
+                                       mask[r:r + ATTN_ROWS, :, i:i + ATTN_TOKENS], scale,
+                                       softcap)
+                       for i in range(0, t, ATTN_TOKENS)], 2)
+                 for r in range(0, b, ATTN_ROWS)], 0)
 
 
-def _attention_call(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
-    """One call of at most ATTN_ROWS rows x ATTN_TOKENS tokens, padded to exactly that."""
+def _attention_call(q, k, v, mask, scale: float, softcap: float | None, rows: int = ATTN_ROWS,
+                    tokens: int = ATTN_TOKENS) -> torch.Tensor:
+    """One call of at most `rows` rows x `tokens` tokens, padded to exactly that."""
     b, h, t, d = q.shape
     kv, length = k.shape[1], k.shape[2]
     g = h // kv
-    pb, pt = ATTN_ROWS - b, ATTN_TOKENS - t
+    pb, pt = rows - b, tokens - t
     q = F.pad(q, (0, 0, 0, pt, 0, 0, 0, pb))
     mask = F.pad(mask, (0, 0, 0, pt, 0, 0, 0, pb))
     k, v = F.pad(k, (0, 0, 0, 0, 0, 0, 0, pb)), F.pad(v, (0, 0, 0, 0, 0, 0, 0, pb))
-    rows = q.view(ATTN_ROWS, kv, g, ATTN_TOKENS, d).transpose(2, 3).float() \
-        .reshape(ATTN_ROWS * kv, ATTN_TOKENS * g, d)                        # [R KV, T g, D]
-    keys = k.float().reshape(ATTN_ROWS * kv, length, d)
-    scores = torch.bmm(rows, keys.transpose(1, 2)) * scale                   # [R KV, T g, L]
+    queries = q.view(rows, kv, g, tokens, d).transpose(2, 3).float() \
+        .reshape(rows * kv, tokens * g, d)                                  # [R KV, T g, D]
+    keys = k.float().reshape(rows * kv, length, d)
+    scores = torch.bmm(queries, keys.transpose(1, 2)) * scale               # [R KV, T g, L]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.view(ATTN_ROWS, kv, ATTN_TOKENS, g, length)
+    scores = scores.view(rows, kv, tokens, g, length)
     # A padded token masks every key: its softmax is NaN, in rows that are then dropped.
     scores = scores.masked_fill(~mask[:, :, :, None], float("-inf"))
-    p = scores.softmax(-1).view(ATTN_ROWS * kv, ATTN_TOKENS * g, length)
-    out = torch.bmm(p, v.float().reshape(ATTN_ROWS * kv, length, d))         # [R KV, T g, D]
-    out = out.view(ATTN_ROWS, kv, ATTN_TOKENS, g, d).permute(0, 1, 3, 2, 4)
-    return out.reshape(ATTN_ROWS, h, ATTN_TOKENS, d)[:b, :, :t].to(q.dtype)
+    p = scores.softmax(-1).view(rows * kv, tokens * g, length)
+    out = torch.bmm(p, v.float().reshape(rows * kv, length, d))             # [R KV, T g, D]
+    out = out.view(rows, kv, tokens, g, d).permute(0, 1, 3, 2, 4)
+    return out.reshape(rows, h, tokens, d)[:b, :, :t].to(q.dtype)
+
+
+def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """torch.cat, without the copy when there is one part (a decode step's usual case)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def _sum_in_order(parts: torch.Tensor) -> torch.Tensor:
