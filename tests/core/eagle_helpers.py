@@ -1,8 +1,15 @@
-"""A trained EAGLE-3 head for a tiny target, in the speculators format, trained once a process."""
+"""A trained EAGLE-3 head for a tiny target, in the speculators format, trained once a process,
+or copied from tests/fixtures where one was trained for the same target's weights.
+
+    .venv/bin/python -m tests.core.eagle_helpers    # rewrites tests/fixtures/eagle3_head
+"""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,6 +23,10 @@ SEQUENCES, NEW_TOKENS, STEPS = 512, 48, 400
 # (target, steps, seed) -> a head trained in this process: a minute and a half of one core on
 # the CI machine, and several modules train the same one (the session's pair_dir target).
 _trained: dict[tuple[str, int, int], Path] = {}
+# The head the session's pair_dir target trains (training is deterministic), with the sha256
+# of the target's weights it was trained for: a target of other weights trains its own.
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "eagle3_head"
+_TRAINED_FOR = "trained_for.json"
 
 
 def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: int = 0) -> Path:
@@ -30,6 +41,13 @@ def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: 
     key = (str(Path(target_dir).resolve()), steps, seed)
     if key in _trained and (_trained[key] / "config.json").is_file():
         shutil.copytree(_trained[key], out_dir)   # the same bytes: training is deterministic
+        return out_dir
+    if _fixture_fits(target_dir, steps, seed):
+        shutil.copytree(FIXTURE, out_dir, ignore=shutil.ignore_patterns(_TRAINED_FOR))
+        config = json.loads((out_dir / "config.json").read_text())
+        config["speculators_config"]["verifier"]["name_or_path"] = str(target_dir)
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _trained[key] = out_dir
         return out_dir
     threads = torch.get_num_threads()
     # A small vocabulary's shapes gain nothing from a second thread; a larger one's LM head does.
@@ -56,3 +74,37 @@ def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: 
 
 def _architectures(target_dir: Path) -> list[str] | None:
     return json.loads((Path(target_dir) / "config.json").read_text()).get("architectures")
+
+
+def _trained_for(target_dir: Path, steps: int, seed: int) -> dict:
+    weights = hashlib.sha256((Path(target_dir) / "model.safetensors").read_bytes()).hexdigest()
+    return {"target_weights_sha256": weights, "steps": steps, "seed": seed,
+            "sequences": SEQUENCES, "new_tokens": NEW_TOKENS}
+
+
+def _fixture_fits(target_dir: Path, steps: int, seed: int) -> bool:
+    if steps != STEPS or seed != 0 or not (FIXTURE / _TRAINED_FOR).is_file():
+        return False
+    if json.loads((FIXTURE / _TRAINED_FOR).read_text()) == _trained_for(target_dir, steps, seed):
+        return True
+    # Only the session's pair_dir target trains STEPS steps with seed 0.
+    warnings.warn(f"{FIXTURE} was trained for other weights (another torch or transformers?): "
+                  "training the head again, about 80 s; rewrite it with "
+                  "`python -m tests.core.eagle_helpers`")
+    return False
+
+
+def write_fixture() -> None:
+    """Train the head for the session's pair_dir target (tests/core/conftest.py) into FIXTURE."""
+    from tests.tiny_checkpoints import make_checkpoint
+    with tempfile.TemporaryDirectory() as tmp:
+        target = make_checkpoint(Path(tmp) / "target", "llama3_gqa_tied")
+        shutil.rmtree(FIXTURE, ignore_errors=True)
+        trained_head_dir(target, FIXTURE)
+        (FIXTURE / _TRAINED_FOR).write_text(json.dumps(_trained_for(target, STEPS, 0), indent=2)
+                                            + "\n")
+    print(f"wrote {FIXTURE}")
+
+
+if __name__ == "__main__":
+    write_fixture()

@@ -223,3 +223,15 @@ def test_the_measurement_replays_the_served_loop(served, k):
 def test_head_cost_ratio(served):
     engine, prompts, _, _ = served
     assert 0 < measure.head_cost_ratio(engine, prompts[1], k=3, repeats=3) < 10
+
+
+def test_the_committed_test_head_serves_only_the_weights_it_was_trained_for(pair_dir, tmp_path):
+    """tests/fixtures/eagle3_head saves the tests a minute and a half of training; a target of
+    other weights (another torch or transformers) trains its own, saying so."""
+    from tests.core import eagle_helpers
+    from tests.tiny_checkpoints import make_checkpoint
+    assert eagle_helpers._fixture_fits(pair_dir[0], eagle_helpers.STEPS, 0)
+    assert not eagle_helpers._fixture_fits(pair_dir[0], 25, 0)
+    other = make_checkpoint(tmp_path / "other", "llama3_gqa_tied", seed=1)
+    with pytest.warns(UserWarning, match="trained for other weights"):
+        assert not eagle_helpers._fixture_fits(other, eagle_helpers.STEPS, 0)
