@@ -63,11 +63,11 @@ GENERATION_ID = "generation_id"
 CANCEL_GENERATION = "cancel_generation"
 
 # Orchestrator -> draft_model / target_model (the packing is in specdec/serving/calls.py).
-CALL = "call"                      # INT64 [9]: sequence id, start, k, top_k, seed, release, next_k,
-                                   # drafts_in_target, next_by
+CALL = "call"                      # INT64 [10]: sequence id, start, k, top_k, seed, release,
+                                   # next_k, drafts_in_target, next_by, tokens in the row
 SAMPLING = "sampling"              # FP32 [2]: temperature, top_p
 TOKENS = "tokens"                  # committed tokens the model has not cached yet
 DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target
 DRAFT_PROBS = "draft_probs"        # draft -> orchestrator -> target: q per drafted position
-VERDICT = "verdict"                # target -> orchestrator: [accepted, tokens...]
+VERDICT = "verdict"                # target -> orchestrator: [status, accepted, ..., tokens...]
 STATUS = "status"                  # supervisor: JSON {model: {up, restarts, last_restart_s, error}}

@@ -1,9 +1,11 @@
-"""Drafter and Verifier over Triton BLS: one async call to draft_model, one to target_model."""
+"""Drafter and Verifier over Triton BLS: draft_model's calls one by one, target_model's a
+round's at a time (batching.py: the verifications of every sequence under way, one request)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import names
+from ..batching import Batcher
 from ..records import Proposal, ProposeCall, Verdict, VerifyCall
 from . import calls
 from .adapter import ModelCallError
@@ -89,11 +91,25 @@ class BlsDrafter(_Model):
         return Proposal(tokens, probs)
 
 
+# target_model's max_batch_size (its config.pbtxt): the most rows a request may carry.
+MAX_ROWS = 64
+
+
 class BlsVerifier(_Model):
     def __init__(self, pb, model_name: str = names.TARGET_MODEL):
         super().__init__(pb, model_name)
+        self.rows = Batcher(self._verify, MAX_ROWS)
 
     async def verify(self, call: VerifyCall) -> Verdict:
-        extra = [] if call.draft_probs is None else [call.draft_probs]
-        response = await self.call(calls.verify_inputs(call), [names.VERDICT], extra)
-        return calls.verdict(self.output(response, names.VERDICT))
+        if call.draft_probs is None:
+            return await self.rows.submit(call)
+        [verdict] = await self._verify([call])   # q is the draft's own tensor: one row
+        if isinstance(verdict, Exception):
+            raise verdict
+        return verdict
+
+    async def _verify(self, cs: list[VerifyCall]) -> list[Verdict | ModelCallError]:
+        extra = [] if cs[0].draft_probs is None else [cs[0].draft_probs]
+        response = await self.call(calls.verify_inputs(cs), [names.VERDICT], extra)
+        return [ModelCallError(f"{self.name}: {v}", v.unavailable) if isinstance(v, Exception)
+                else v for v in calls.verdicts(self.output(response, names.VERDICT))]

@@ -1,38 +1,46 @@
 """The wire format between the orchestrator and draft_model / target_model, both directions.
 
-A call is one Triton request with batch dimension 1; every tensor below is [1, ...]. Every
-tensor is allocated, described and mapped on both sides of the Python backend's process
-boundary on every call, so a call's scalars travel packed (three tensors instead of up to nine):
+A request carries rows, one call each: a draft call, a release or a sequence's verification,
+and the orchestrator sends a round's verifications as one request of many rows (bls.py), so
+that the target's batch is the round's, whatever the timing of Triton's queue. Every tensor is
+[rows, ...], and a call's scalars travel packed (three tensors instead of up to ten: each tensor
+is allocated, described and mapped on both sides of the Python backend's process boundary on
+every call):
 
-    call      INT64 [9]  sequence id, start position, num_draft_tokens k, top_k,
+    call      INT64 [10] sequence id, start position, num_draft_tokens k, top_k,
                          seed, release (1: free the sequence's slot, nothing else),
                          next_k (verify: tokens a drafter in the target's process drafts for
                          the next round; -1: none does), drafts_in_target (1: the drafts are
                          that drafter's last proposal, verified with the q it kept), next_by
-                         (the drafter: its index in records.DRAFTING; -1: none)
+                         (the drafter: its index in records.DRAFTING; -1: none), n (the row's
+                         tokens)
     sampling  FP32  [2]  temperature, top_p
-    tokens    INT32 [n]  committed tokens from the start position on, not cached yet; a
-                         verification's k drafts after them
+    tokens    INT32 [n'] committed tokens from the start position on, not cached yet; a
+                         verification's k drafts after them; padded with 0 to the longest row
 
 Triton batches requests with the same set of inputs only (an optional input present in one and
 absent in another splits the batch: core's RequiredEqualInputs), so the drafts ride in tokens
-and only draft_probs [k, V] is optional (present when a draft model outside the target
-sampled). The target answers verdict INT32 [5 + m + 1 + k']: the number of drafts
-accepted m, the in-target drafter's time in microseconds, 1 if it failed, the most drafts a
-row of the verification's batch carried, the drafter's steps over its batch, then the m accepted
-drafts and the target's own token, then the drafter's k' drafts for the next round. The draft
-answers draft_tokens [k] and, when asked, draft_probs. Unsigned 64-bit values travel as the
-int64 with the same bits.
+and only draft_probs [k, V] is optional: present when a draft model outside the target sampled,
+and then in a request of one row. The target answers verdict INT32 [rows, w], a row per call
+padded with 0: status (0: verified; 1: this call failed; 2: it failed and a retry may succeed,
+then the message's length in bytes and its UTF-8 bytes), then for a verified call the number
+of drafts accepted m, the in-target drafter's time in microseconds, 1 if it failed, the most
+drafts a row of the verification's batch carried, the drafter's steps over its batch, the
+number k' of the drafter's drafts for the next round, the m accepted drafts and the target's
+own token, and the k' drafts. The draft answers draft_tokens [k] and, when asked, draft_probs.
+Unsigned 64-bit values travel as the int64 with the same bits.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import names
-from ..records import DRAFTING, Failure, ProposeCall, Proposer, SamplingParams, Verdict, VerifyCall
+from ..records import (DRAFTING, Failure, ProposeCall, Proposer, SamplingParams, SlotError,
+                       Verdict, VerifyCall)
 
-_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _IN_TARGET, _NEXT_BY = range(9)
-_FIELDS = 9
+_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _IN_TARGET, _NEXT_BY, _N = range(10)
+_FIELDS = 10
+_OK, _FAILED, _RETRYABLE = range(3)
 _U64 = 1 << 64
 
 
@@ -44,79 +52,133 @@ def _unsigned(v: int) -> int:
     return v % _U64
 
 
-def _inputs(seq_id: int, start: int, tokens: list[int], k: int, s: SamplingParams,
-            release: bool = False, next_k: int | None = None, in_target: bool = False,
-            next_by: Proposer | None = None) -> dict[str, np.ndarray]:
-    return {
-        names.CALL: np.array([[_signed(seq_id), start, k, s.top_k, _signed(s.seed), release,
-                               -1 if next_k is None else next_k, in_target,
-                               -1 if next_by is None else DRAFTING.index(next_by)]], np.int64),
-        names.SAMPLING: np.array([[s.temperature, s.top_p]], np.float32),
-        names.TOKENS: np.array([tokens], np.int32),
-    }
+def _row(seq_id: int, start: int, tokens: list[int], k: int, s: SamplingParams,
+         release: bool = False, next_k: int | None = None, in_target: bool = False,
+         next_by: Proposer | None = None) -> tuple[list, list, list[int]]:
+    call = [_signed(seq_id), start, k, s.top_k, _signed(s.seed), release,
+            -1 if next_k is None else next_k, in_target,
+            -1 if next_by is None else DRAFTING.index(next_by), len(tokens)]
+    return call, [s.temperature, s.top_p], tokens
+
+
+def _pack(rows: list[tuple[list, list, list[int]]]) -> dict[str, np.ndarray]:
+    width = max(len(tokens) for _, _, tokens in rows)
+    tokens = np.zeros((len(rows), width), np.int32)
+    for i, (_, _, t) in enumerate(rows):
+        tokens[i, :len(t)] = t
+    return {names.CALL: np.array([c for c, _, _ in rows], np.int64),
+            names.SAMPLING: np.array([s for _, s, _ in rows], np.float32),
+            names.TOKENS: tokens}
 
 
 def propose_inputs(call: ProposeCall) -> dict[str, np.ndarray]:
-    return _inputs(call.seq_id, call.start, call.tokens, call.k, call.sampling)
+    return _pack([_row(call.seq_id, call.start, call.tokens, call.k, call.sampling)])
 
 
-def verify_inputs(call: VerifyCall) -> dict[str, np.ndarray]:
-    """Draft probabilities travel separately, as the draft's own output tensor (DLPack)."""
-    return _inputs(call.seq_id, call.start, call.tokens + call.drafts, len(call.drafts),
-                   call.sampling, False, call.next_k, call.drafts_in_target, call.next_by)
+def verify_inputs(cs: list[VerifyCall]) -> dict[str, np.ndarray]:
+    """One row per call. Draft probabilities travel separately, as the draft's own output
+    tensor (DLPack), so a call that has them travels alone."""
+    return _pack([_row(c.seq_id, c.start, c.tokens + c.drafts, len(c.drafts), c.sampling,
+                       False, c.next_k, c.drafts_in_target, c.next_by) for c in cs])
 
 
 def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
-    return _inputs(seq_id, 0, [0], 0, SamplingParams(), release=True)
+    return _pack([_row(seq_id, 0, [0], 0, SamplingParams(), release=True)])
 
 
-def _fields(inputs: dict) -> list[int]:
-    fields = inputs[names.CALL].reshape(-1).tolist()
-    if len(fields) != _FIELDS:
-        raise ValueError(f"{names.CALL} has {len(fields)} values, expected {_FIELDS}")
+def _fields(inputs: dict) -> np.ndarray:
+    """[rows, 10]"""
+    fields = inputs[names.CALL]
+    if fields.ndim != 2 or fields.shape[1] != _FIELDS:
+        raise ValueError(f"{names.CALL} has shape {list(fields.shape)}, expected "
+                         f"[rows, {_FIELDS}]")
+    rows = fields.shape[0]
+    if rows < 1 or any(inputs[n].shape[0] != rows for n in (names.SAMPLING, names.TOKENS)):
+        raise ValueError(f"{names.CALL}, {names.SAMPLING} and {names.TOKENS} differ in rows")
     return fields
 
 
-def sampling(inputs: dict) -> SamplingParams:
-    f = _fields(inputs)
-    temperature, top_p = inputs[names.SAMPLING].reshape(-1).tolist()
+def _sampling(f: list[int], sampling_row) -> SamplingParams:
+    temperature, top_p = sampling_row.tolist()
     return SamplingParams(float(temperature), int(f[_TOP_K]), float(top_p), _unsigned(f[_SEED]))
 
 
+def _tokens(f: list[int], tokens_row) -> list[int]:
+    if not 0 <= f[_N] <= len(tokens_row):
+        raise ValueError(f"{names.CALL}: {f[_N]} tokens in a row of {len(tokens_row)}")
+    return tokens_row[:f[_N]].tolist()
+
+
 def is_release(inputs: dict) -> bool:
-    return bool(_fields(inputs)[_RELEASE])
+    """A release travels alone: its request's first row says."""
+    return bool(_fields(inputs)[0, _RELEASE])
 
 
 def sequence_id(inputs: dict) -> int:
-    return _unsigned(_fields(inputs)[_SEQ])
+    return _unsigned(int(_fields(inputs)[0, _SEQ]))
 
 
 def propose_call(inputs: dict) -> ProposeCall:
-    f = _fields(inputs)
-    return ProposeCall(_unsigned(f[_SEQ]), f[_START], inputs[names.TOKENS].reshape(-1).tolist(),
-                       f[_K], sampling(inputs))
+    fields = _fields(inputs)
+    if len(fields) != 1:
+        raise ValueError(f"a draft call is one row, not {len(fields)}")
+    f = fields[0].tolist()
+    return ProposeCall(_unsigned(f[_SEQ]), f[_START], _tokens(f, inputs[names.TOKENS][0]),
+                       f[_K], _sampling(f, inputs[names.SAMPLING][0]))
 
 
-def verify_call(inputs: dict, draft_probs) -> VerifyCall:
-    """draft_probs: a torch tensor [k, V] or None (greedy: one-hot of the drafts)."""
-    f = _fields(inputs)
-    tokens, k = inputs[names.TOKENS].reshape(-1).tolist(), f[_K]
-    if not 0 <= k < len(tokens):
-        raise ValueError(f"{names.CALL}: {k} drafts in {len(tokens)} tokens")
-    n = len(tokens) - k
-    return VerifyCall(_unsigned(f[_SEQ]), f[_START], tokens[:n], tokens[n:], draft_probs,
-                      sampling(inputs), None if f[_NEXT_K] < 0 else f[_NEXT_K],
-                      bool(f[_IN_TARGET]), None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]])
+def verify_calls(inputs: dict, draft_probs) -> list[VerifyCall | ValueError]:
+    """A call per row, or the error that row's values make. draft_probs: a torch tensor
+    [1, k, V] (a request of one row) or None (greedy: one-hot of the drafts)."""
+    fields = _fields(inputs)
+    if draft_probs is not None and len(fields) != 1:
+        raise ValueError(f"{names.DRAFT_PROBS} comes with one row, not {len(fields)}")
+    out: list[VerifyCall | ValueError] = []
+    for i, f in enumerate(fields.tolist()):
+        try:
+            tokens, k = _tokens(f, inputs[names.TOKENS][i]), f[_K]
+            if not 0 <= k < len(tokens):
+                raise ValueError(f"{names.CALL}: {k} drafts in {len(tokens)} tokens")
+        except ValueError as exc:
+            out.append(exc)
+            continue
+        n = len(tokens) - k
+        out.append(VerifyCall(_unsigned(f[_SEQ]), f[_START], tokens[:n], tokens[n:],
+                              None if draft_probs is None else draft_probs[0],
+                              _sampling(f, inputs[names.SAMPLING][i]),
+                              None if f[_NEXT_K] < 0 else f[_NEXT_K], bool(f[_IN_TARGET]),
+                              None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]]))
+    return out
 
 
-def verdict_output(v: Verdict) -> np.ndarray:
-    return np.array([[v.num_accepted, round(v.draft_s * 1e6), v.failure is not None, v.batch_k,
-                      v.steps, *v.tokens, *(v.proposal or [])]], np.int32)
+def verdict_output(rows: list[Verdict | tuple[str, bool]]) -> np.ndarray:
+    """[rows, w]: a verdict, or a failed call's (message, retryable)."""
+    encoded = []
+    for v in rows:
+        if isinstance(v, Verdict):
+            proposal = v.proposal or []
+            encoded.append([_OK, v.num_accepted, round(v.draft_s * 1e6), v.failure is not None,
+                            v.batch_k, v.steps, len(proposal), *v.tokens, *proposal])
+        else:
+            message, retryable = v
+            data = message.encode()
+            encoded.append([_RETRYABLE if retryable else _FAILED, len(data), *data])
+    out = np.zeros((len(encoded), max(len(r) for r in encoded)), np.int32)
+    for i, r in enumerate(encoded):
+        out[i, :len(r)] = r
+    return out
 
 
-def verdict(output: np.ndarray) -> Verdict:
-    values = output.reshape(-1).tolist()
-    m, micros, failed, batch_k, steps = values[:5]
-    end = 5 + m + 1
-    return Verdict(values[5:end], m, values[end:] or None, micros / 1e6,
-                   Failure.ERROR if failed else None, batch_k, steps)
+def verdicts(output: np.ndarray) -> list[Verdict | SlotError]:
+    """A verdict per row, or the failure of that row's call (`unavailable`: retryable)."""
+    out: list[Verdict | SlotError] = []
+    for values in output.reshape(len(output), -1).tolist():
+        if values[0] != _OK:
+            message = bytes(values[2:2 + values[1]]).decode(errors="replace")
+            out.append(SlotError(message, unavailable=values[0] == _RETRYABLE))
+            continue
+        m, micros, failed, batch_k, steps, n_next = values[1:7]
+        end = 7 + m + 1
+        out.append(Verdict(values[7:end], m, values[end:end + n_next] or None, micros / 1e6,
+                           Failure.ERROR if failed else None, batch_k, steps))
+    return out

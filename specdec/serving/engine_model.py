@@ -1,7 +1,8 @@
 """draft_model and target_model: a batch of Triton requests -> one batched Engine call.
 
-Each request is one sequence's call (or a release). Bad calls get their own error response;
-the rest of the batch runs.
+A request holds one sequence's call, a release, or (target_model) a round's verifications, a
+row each (calls.py). A bad call gets its own error, a request's or a row's; the rest of the
+batch runs.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from .. import names, simulate
 from ..config import ModelArgs
 from ..eagle.checkpoint import check_verifier
 from ..engine import Engine
-from ..records import Proposal, Proposer, Verdict
+from ..records import Proposer
 from . import calls, faults
-from .adapter import error_response, parameters, read_inputs
+from .adapter import error_response, parameters, read_inputs, triton_error
 from .checks import check_one_instance, say
 from .dlpack import read_torch, torch_output
 from .drafters import attach
@@ -137,7 +138,8 @@ class _EngineModel:
     def _execute(self, requests) -> list:
         pb = self.pb
         responses: list = [None] * len(requests)
-        work, todo = [], []
+        rows: list[list] = [[] for _ in requests]   # a request's calls, then their results
+        work, where = [], []
         for i, request in enumerate(requests):
             try:
                 inputs = read_inputs(pb, request, self.inputs)
@@ -145,21 +147,25 @@ class _EngineModel:
                     self.engine.release([calls.sequence_id(inputs)])
                     responses[i] = pb.InferenceResponse(output_tensors=[])
                     continue
-                work.append(self.parse(inputs, request))
-                todo.append(i)
+                rows[i] = self.parse(inputs, request)
             except Exception as exc:
                 responses[i] = error_response(pb, exc)
+                continue
+            for j, call in enumerate(rows[i]):
+                if not isinstance(call, Exception):
+                    work.append(call)
+                    where.append((i, j))
         injected = self.faults.before(len(work))
-        for i, error in zip(todo, injected):
+        for (i, j), error in zip(where, injected):
             if error is not None:
-                responses[i] = error_response(pb, error)
+                rows[i][j] = error
         work = [w for w, error in zip(work, injected) if error is None]
-        todo = [i for i, error in zip(todo, injected) if error is None]
-        for i, result in zip(todo, self.run(work) if work else []):
-            if isinstance(result, Exception):
-                responses[i] = error_response(pb, result)
-            else:
-                responses[i] = pb.InferenceResponse(output_tensors=self.outputs(result, requests[i]))
+        where = [at for at, error in zip(where, injected) if error is None]
+        for (i, j), result in zip(where, self.run(work) if work else []):
+            rows[i][j] = result
+        for i, request in enumerate(requests):
+            if responses[i] is None:
+                responses[i] = self.respond(rows[i], request)
         return responses
 
 
@@ -168,16 +174,19 @@ class DraftModel(_EngineModel):
     inputs = _COMMON
 
     def parse(self, inputs, request):
-        return calls.propose_call(inputs)
+        return [calls.propose_call(inputs)]
 
     def run(self, work):
         return self.engine.propose(work)
 
-    def outputs(self, p: Proposal, request) -> list:
+    def respond(self, results: list, request):
+        [p] = results
+        if isinstance(p, Exception):
+            return error_response(self.pb, p)
         out = [self.pb.Tensor(names.DRAFT_TOKENS, np.array([p.tokens], np.int32))]
         if p.probs is not None and names.DRAFT_PROBS in request.requested_output_names():
             out.append(torch_output(self.pb, names.DRAFT_PROBS, p.probs[None].float()))
-        return out
+        return self.pb.InferenceResponse(output_tensors=out)
 
 
 class TargetModel(_EngineModel):
@@ -185,11 +194,19 @@ class TargetModel(_EngineModel):
     inputs = _COMMON
 
     def parse(self, inputs, request):
-        probs = read_torch(self.pb, request, names.DRAFT_PROBS)
-        return calls.verify_call(inputs, None if probs is None else probs[0])
+        return calls.verify_calls(inputs, read_torch(self.pb, request, names.DRAFT_PROBS))
 
     def run(self, work):
         return self.engine.verify(work)
 
-    def outputs(self, v: Verdict, request) -> list:
-        return [self.pb.Tensor(names.VERDICT, calls.verdict_output(v))]
+    def respond(self, results: list, request):
+        """A row per call: a failed call fails its own row, never the request's other rows,
+        whose sequences have moved on."""
+        rows = []
+        for r in results:
+            if isinstance(r, Exception):
+                error = triton_error(self.pb, r)
+                r = (error.message(), error.code() == self.pb.TritonError.UNAVAILABLE)
+            rows.append(r)
+        return self.pb.InferenceResponse(
+            output_tensors=[self.pb.Tensor(names.VERDICT, calls.verdict_output(rows))])

@@ -267,7 +267,8 @@ class _Model:
     def __init__(self, handler, config: ModelConfig | None):
         self.handler, self.config = handler, config
         self.pending: list[tuple["InferenceRequest", asyncio.Future]] = []
-        self.batches: list[int] = []   # size of each execute() call, for tests
+        self.batches: list[int] = []   # requests in each execute() call, for tests
+        self.rows: list[int] = []      # and rows: the sum of their batch dimensions
 
     def submit(self, request: "InferenceRequest") -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -281,6 +282,7 @@ class _Model:
         batch, self.pending = self.pending, []
         requests = [r for r, _ in batch]
         self.batches.append(len(requests))
+        self.rows.append(sum(r.inputs()[0].shape()[0] if r.inputs() else 1 for r in requests))
         try:
             responses = self.handler.execute(requests)
             if not isinstance(responses, list) or len(responses) != len(requests):

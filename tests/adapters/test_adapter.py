@@ -6,7 +6,7 @@ import torch
 
 from specdec import names
 from specdec.config import CheckpointError
-from specdec.records import Proposer, ProposeCall, SlotError, Verdict, VerifyCall
+from specdec.records import Failure, Proposer, ProposeCall, SlotError, Verdict, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.serving.adapter import (ModelCallError, error_response, parameters, read_inputs,
@@ -72,7 +72,7 @@ def test_wire_format_round_trip_and_config_types():
     s = SamplingParams(0.5, 7, 0.9, 2**64 - 5)
     propose = ProposeCall(2**63 + 11, 5, [3, 4], 3, s)
     verify = VerifyCall(2**63 + 11, 5, [3, 4], [8, 9], None, s)
-    p_in, v_in = calls.propose_inputs(propose), calls.verify_inputs(verify)
+    p_in, v_in = calls.propose_inputs(propose), calls.verify_inputs([verify])
     fake_pb.ModelConfig("draft_model").check_inputs([fake_pb.Tensor(n, v) for n, v in p_in.items()])
     fake_pb.ModelConfig("target_model").check_inputs([fake_pb.Tensor(n, v) for n, v in v_in.items()])
     fake_pb.ModelConfig("target_model").check_inputs(
@@ -81,39 +81,70 @@ def test_wire_format_round_trip_and_config_types():
     assert (back.seq_id, back.start, back.tokens, back.k) == (2**63 + 11, 5, [3, 4], 3)
     assert back.sampling.seed == 2**64 - 5 and back.sampling.top_k == 7
     assert back.sampling.temperature == pytest.approx(0.5) and back.sampling.top_p == pytest.approx(0.9)
-    v = calls.verify_call(v_in, None)
+    [v] = calls.verify_calls(v_in, None)
     assert (v.seq_id, v.start, v.tokens, v.drafts, v.draft_probs) == (2**63 + 11, 5, [3, 4], [8, 9], None)
-    assert calls.verify_call(calls.verify_inputs(VerifyCall(1, 0, [3], [], None, s)), None).drafts == []
+    assert one(calls.verify_inputs([VerifyCall(1, 0, [3], [], None, s)])).drafts == []
     assert calls.is_release(calls.release_inputs(9)) and not calls.is_release(p_in)
     assert set(p_in) == {names.CALL, names.SAMPLING, names.TOKENS}  # every tensor costs a call
     # Triton batches only requests with the same inputs: drafted or not, a verification has
     # the release's (draft_probs, a sampled draft's from draft_model, is the one extra).
-    assert set(v_in) == set(calls.verify_inputs(VerifyCall(1, 0, [3], [], None, s))) == \
+    assert set(v_in) == set(calls.verify_inputs([VerifyCall(1, 0, [3], [], None, s)])) == \
         set(calls.release_inputs(9)) == set(p_in)
-    bad = calls.verify_inputs(VerifyCall(1, 0, [3], [4], None, s))
+    bad = calls.verify_inputs([VerifyCall(1, 0, [3], [4], None, s)])
     bad[names.CALL][0, 2] = 2   # two drafts claimed in two tokens: no committed token left
-    with pytest.raises(ValueError, match="2 drafts in 2 tokens"):
-        calls.verify_call(bad, None)
+    [error] = calls.verify_calls(bad, None)
+    assert isinstance(error, ValueError) and "2 drafts in 2 tokens" in str(error)
     assert calls.sequence_id(calls.release_inputs(2**64 - 1)) == 2**64 - 1
-    assert calls.verdict(calls.verdict_output(Verdict([7, 8, 9], 2))) == Verdict([7, 8, 9], 2)
-    # With an EAGLE-3 head: the next round's proposal, its drafting time, a failure.
-    head = Verdict([7, 8], 1, [4, 5, 6], 0.001234, None)
-    assert calls.verdict(calls.verdict_output(head)) == head
-    failed = Verdict([3], 0, None, 0.5, "error")
-    assert calls.verdict(calls.verdict_output(failed)) == failed
-    batched = Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5)   # the batch's width
-    assert calls.verdict(calls.verdict_output(batched)) == batched
     for by in (Proposer.EAGLE, Proposer.DRAFT, Proposer.SELF, Proposer.MEDUSA):
         call = VerifyCall(5, 7, [3], [1, 2], None, s, next_k=4, drafts_in_target=True,
                           next_by=by)
-        back = calls.verify_call(calls.verify_inputs(call), None)
+        back = one(calls.verify_inputs([call]))
         assert (back.next_k, back.drafts_in_target, back.drafts, back.next_by) == \
             (4, True, [1, 2], by)
-    assert calls.verify_call(calls.verify_inputs(VerifyCall(5, 0, [3], [], None, s)),
-                             None).next_k is None
+    assert one(calls.verify_inputs([VerifyCall(5, 0, [3], [], None, s)])).next_k is None
     p_in[names.CALL] = p_in[names.CALL][:, :4]
-    with pytest.raises(ValueError, match="call has 4 values, expected 9"):
+    with pytest.raises(ValueError, match=r"call has shape \[1, 4\], expected \[rows, 10\]"):
         calls.propose_call(p_in)
+
+
+def one(inputs):
+    [call] = calls.verify_calls(inputs, None)
+    return call
+
+
+def test_a_round_travels_as_one_request_of_rows():
+    """Rows of different lengths, samplings and proposers pad to one request and come back
+    apart; a row that makes no sense fails alone; verdicts and failures return by row."""
+    greedy, sampled = SamplingParams(), SamplingParams(0.75, 5, 0.5, 2**64 - 1)   # FP32-exact
+    round_ = [VerifyCall(1, 0, [5, 6, 7, 8, 9], [], None, greedy),        # a prefill
+              VerifyCall(2**63, 12, [4], [1, 2, 3], None, sampled, next_k=2,
+                         drafts_in_target=True, next_by=Proposer.DRAFT),
+              VerifyCall(3, 7, [0], [0], None, greedy)]                    # token id 0 is real
+    inputs = calls.verify_inputs(round_)
+    assert inputs[names.TOKENS].shape == (3, 5)
+    fake_pb.ModelConfig("target_model").check_inputs(
+        [fake_pb.Tensor(n, v) for n, v in inputs.items()])
+    assert calls.verify_calls(inputs, None) == round_
+    inputs[names.CALL][1, 9] = 6   # row 1 claims more tokens than the request's width
+    back = calls.verify_calls(inputs, None)
+    assert back[0] == round_[0] and back[2] == round_[2]
+    assert isinstance(back[1], ValueError) and "6 tokens in a row of 5" in str(back[1])
+    with pytest.raises(ValueError, match="one row"):
+        calls.verify_calls(calls.verify_inputs(round_), torch.zeros(1, 1, 4))
+
+    out = [Verdict([7, 8, 9], 2),
+           Verdict([7, 8], 1, [4, 5, 6], 0.001234, None),      # a head's next proposal
+           ("target_model: sequence 3 is not open ✗", False),
+           Verdict([3], 0, None, 0.5, Failure.ERROR),            # the drafter failed
+           ("no free KV slot", True),
+           Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5)]   # the batch's width
+    output = calls.verdict_output(out)
+    fake_pb.ModelConfig("target_model").check_outputs([fake_pb.Tensor(names.VERDICT, output)])
+    back = calls.verdicts(output)
+    assert [back[i] for i in (0, 1, 3, 5)] == [out[i] for i in (0, 1, 3, 5)]
+    for i in (2, 4):
+        assert isinstance(back[i], SlotError)
+        assert (str(back[i]), back[i].unavailable) == out[i]
 
 
 # --- the fake's own strictness

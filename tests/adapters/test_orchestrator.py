@@ -11,7 +11,7 @@ from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import speculate
 from specdec.ngram import NgramProposer
-from specdec.records import ProposeCall, Request, VerifyCall
+from specdec.records import ProposeCall, Request, SlotError, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.weights import load_model
@@ -89,8 +89,11 @@ def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, te
         assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == 24
         assert all(not out(r, names.IS_FINAL)[0] and finish_reason(r) == ""
                    for r in streamed.sender.responses()[:-1])
-    # Draft and target saw batches of several sequences, not one call per request.
-    assert max(serving.draft_bls.batches) > 1 and max(serving.target_bls.batches) > 1
+    # Draft and target saw batches of several sequences, not one call per request; the
+    # target's, a round of all four sequences under way (batching.py).
+    assert max(serving.draft_bls.batches) > 1 and max(serving.target_bls.rows) == 4
+    if not temperature:   # greedy drafts carry no q: the four rows travel as one request
+        assert (1, 4) in zip(serving.target_bls.batches, serving.target_bls.rows)
     assert_all_released(serving)
     assert max(serving.gauge.history) == 4          # orchestrator max_sequences: 4 at a time
 
@@ -274,7 +277,7 @@ def test_model_failure_is_internal_and_releases(serving):
             # Fails once drafts arrive: after the prefill round, with the draft's slot open.
             inputs = {n: fake_pb.get_input_tensor_by_name(requests[0], n).as_numpy()
                       for n in (names.CALL, names.SAMPLING, names.TOKENS)}
-            if calls.verify_call(inputs, None).drafts:
+            if any(c.drafts for c in calls.verify_calls(inputs, None)):
                 raise RuntimeError("target exploded")
             return serving.target.execute(requests)
 
@@ -343,22 +346,33 @@ def test_draft_batch_errors_are_per_request(serving):
     assert np.array_equal(out(alone3, names.DRAFT_TOKENS), tokens3)
 
 
-def test_target_batch_errors_are_per_request(serving):
+def test_target_errors_are_per_row_and_per_request(serving):
+    """A round's verifications in one request (calls.py): a row that fails fails alone, the
+    other rows' sequences move on; a request that cannot be read fails alone in its batch."""
     target = serving.target
 
-    def req(seq, start, toks, drafts):
-        call = VerifyCall(seq, start, toks, drafts, None, SamplingParams())
-        return engine_request("target_model", calls.verify_inputs(call), [names.VERDICT])
+    def call(seq, start, toks, drafts):
+        return VerifyCall(seq, start, toks, drafts, None, SamplingParams())
 
-    responses = target.execute([req(1, 0, [5, 6, 7], [8, 9]), req(2, 3, [4], [1]),
-                                req(3, 0, [11], [])])
+    def req(*cs):
+        return engine_request("target_model", calls.verify_inputs(list(cs)), [names.VERDICT])
+
+    bad = calls.verify_inputs([call(4, 0, [1], [])])
+    bad[names.CALL] = bad[names.CALL][:, :4]   # 4 values, not 10
+    unreadable = engine_request("target_model", bad, [names.VERDICT])
+    responses = target.execute([req(call(1, 0, [5, 6, 7], [8, 9]), call(2, 3, [4], [1]),
+                                    call(3, 0, [11], [])), unreadable,
+                                req(call(5, 0, [12, 13], [14]))])
     assert [r.has_error() for r in responses] == [False, True, False]
-    assert "not open" in responses[1].error().message()
-    for r in (responses[0], responses[2]):
-        fake_pb.ModelConfig("target_model").check_outputs(r.output_tensors())
-        v = calls.verdict(out(r, names.VERDICT))
-        assert len(v.tokens) == v.num_accepted + 1 and 0 <= v.num_accepted <= 2
-    assert target.engine.pool.active == 2
+    assert "expected [rows, 10]" in responses[1].error().message()
+    fake_pb.ModelConfig("target_model").check_outputs(responses[0].output_tensors())
+    rows = calls.verdicts(out(responses[0], names.VERDICT)) + \
+        calls.verdicts(out(responses[2], names.VERDICT))
+    assert isinstance(rows[1], SlotError) and "not open" in str(rows[1])
+    assert not rows[1].unavailable
+    for v, k in zip((rows[0], rows[2], rows[3]), (2, 0, 1)):
+        assert len(v.tokens) == v.num_accepted + 1 and 0 <= v.num_accepted <= k
+    assert target.engine.pool.active == 3   # sequences 1, 3 and 5
 
 
 def test_release_request_frees_the_slot(serving):

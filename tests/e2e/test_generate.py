@@ -70,11 +70,31 @@ def test_concurrent_requests_equal_their_single_request_output(server):
     assert together == alone
     # Triton's dynamic batcher really put several sequences into one target forward.
     requests, executions = (a - b for a, b in zip(after, before))
+    print("ROWS", requests, executions)
     assert requests > executions, (requests, executions)
 
 
+def test_a_rounds_verifications_run_as_one_target_execution(server):
+    """Eight streams at once, target-only so that each runs a round per token: the orchestrator
+    sends a round's verifications as one request (batching.py), so target_model runs about one
+    execution a round for all eight, where separate requests reached Triton's dynamic batcher
+    apart (1.9 rows an execution at 4 streams, docs/benchmarks.md)."""
+    streams = 8
+    before = batch_counts(server)
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda p: generate(server.http, p, greedy(0, 48)),
+                                heldout_prompts(streams)))
+    rows, executions = (a - b for a, b in zip(batch_counts(server), before))
+    # A row a round, a token a round, each stream's release, and the supervisor's pings.
+    assert 0 <= rows - sum(r.num_output_tokens for r in results) - streams <= 5, rows
+    # Arrivals spread over the first rounds run smaller batches, and the releases their own;
+    # every other round is one (7.1 rows an execution here at 32 tokens, 3.0 before).
+    assert rows / executions >= 0.6 * streams, (rows, executions)
+
+
 def batch_counts(server) -> tuple[int, int]:
-    """target_model's (requests served, model executions) from Triton's statistics."""
+    """target_model's (rows served, model executions) from Triton's statistics: a request of
+    several rows counts each."""
     with urllib.request.urlopen(f"http://{server.http}/v2/models/target_model/stats") as r:
         stats = json.loads(r.read())["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])

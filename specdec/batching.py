@@ -1,0 +1,63 @@
+"""Concurrent sequences' calls gathered into batches, one batch in flight at a time.
+
+Calls made in one event-loop turn go together, and calls made while a batch runs go together
+when it returns. Sequences whose calls return together call again in the same turn (the loop
+awaits nothing else between a verdict and its next verification), so a round's calls stay one
+batch, round after round, as in a GPU engine's continuous batching. In process (local.py) the
+engine call blocks the event loop; served (serving/bls.py) a batch is one Triton request of
+many rows: separate requests reach Triton's dynamic batcher apart, and the round trips put
+sequences out of step (docs/benchmarks.md, "Served at simulated H100 step times").
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+
+class Batcher:
+    def __init__(self, run: Callable[[list], Awaitable[list]], max_rows: int | None = None):
+        self.run = run                 # calls -> a result or an exception per call
+        self.max_rows = max_rows       # a batch's most calls (the rest go next)
+        self.pending: list[tuple[object, asyncio.Future]] = []
+        self.busy = False              # a batch is in flight
+
+    async def submit(self, call):
+        """The call's result; raises the exception its batch gave for it."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.pending.append((call, fut))
+        if len(self.pending) == 1 and not self.busy:
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        if self.busy or not self.pending:
+            return
+        n = len(self.pending) if self.max_rows is None else self.max_rows
+        batch, self.pending = self.pending[:n], self.pending[n:]
+        self.busy = True
+        asyncio.ensure_future(self._send(batch))
+
+    async def _send(self, batch: list[tuple[object, asyncio.Future]]) -> None:
+        try:
+            results = await self.run([c for c, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{len(results)} results for {len(batch)} calls")
+        except asyncio.CancelledError:   # the event loop is closing: nobody waits
+            self.busy = False
+            for _, fut in batch:
+                fut.cancel()
+            raise
+        except Exception as exc:   # the whole batch failed: every caller hears it, none waits
+            results = [exc] * len(batch)
+        self.busy = False
+        for (_, fut), result in zip(batch, results):
+            if fut.cancelled():
+                continue
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+        # After the callers' wake-ups: those that call again join the calls made meanwhile.
+        if self.pending:
+            asyncio.get_running_loop().call_soon(self._flush)
