@@ -88,6 +88,12 @@ def _ready(http: str) -> bool:
 REFERENCE_NUMERICS = {"SPECDEC_DEVICE": "cpu", "SPECDEC_DTYPE": "float32"}
 
 
+# A test server's stop (test_shutdown.py tests the graceful one): a server whose gRPC streams
+# were cancelled (the storm, the soak) or whose orchestrator died waits all of it, as Triton
+# keeps the ensemble loaded (docs/deploy.md, "Shutdown and rollouts").
+EXIT_S = 3
+
+
 def launch(tmp_path_factory, env: dict[str, str] | None = None):
     """A tritonserver on free loopback ports with the embedded pair and `env` (SPECDEC_*) over
     it; yields it ready, stops it after."""
@@ -99,7 +105,7 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "specdec.serving.launch", f"--http-port={http}",
-             f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--exit-timeout-secs=10"],
+             f"--grpc-port={grpc}", f"--metrics-port={metrics}", f"--exit-timeout-secs={EXIT_S}"],
             cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not _ready(f"127.0.0.1:{http}"):
