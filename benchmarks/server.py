@@ -201,6 +201,14 @@ class Server:
         return {int(b["batch_size"]): int(b["compute_infer"]["count"])
                 for b in m.get("batch_stats", [])}
 
+    def compute_s(self, model: str) -> float:
+        """Seconds `model`'s executions have spent in its execute() (Triton's compute_infer,
+        over every batch size): with the simulated device, the padded call and the Python
+        around it."""
+        url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
+        m = json.loads(urllib.request.urlopen(url, timeout=10).read())["model_stats"][0]
+        return sum(float(b["compute_infer"]["ns"]) for b in m.get("batch_stats", [])) / 1e9
+
     def stop(self) -> None:
         """Stop the process group and remove the backend directory (the log stays)."""
         self._stop_sampling.set()

@@ -89,6 +89,7 @@ class Local:
 
         before = (self.target.simulated.over, self.target.simulated.calls,
                   self.draft.simulated.over, self.draft.simulated.calls)
+        target_s = self.target.simulated.simulated_s
         t0 = time.perf_counter()
         asyncio.run(all_streams())
         wall = time.perf_counter() - t0
@@ -102,7 +103,10 @@ class Local:
                "drafted": sum(s.total_draft_tokens for _, s in reqs),
                "accepted": sum(s.total_accepted_draft_tokens for _, s in reqs),
                # calls whose real CPU compute outran the simulated time (not padded at all)
-               "calls_over_table": d[0] + d[2], "calls": d[1] + d[3]}
+               "calls_over_table": d[0] + d[2], "calls": d[1] + d[3],
+               # a target call's device time (the table's, or the CPU's where that was longer)
+               "target_execution_s": (self.target.simulated.simulated_s - target_s) / d[1]
+               if d[1] else None}
         log(f"in process {mode.name} x{streams} {setting.label}: "
             f"{out['tokens'] / wall:.1f} tok/s")
         return out

@@ -38,6 +38,9 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
         out["target_batch"] = r["served"].get("target_batch")
         out["target_batch_sizes"] = r["served"].get("target_batch_sizes")
+    out["target_execution_ms"] = {
+        side: r[side]["target_execution_s"] * 1e3 for side in ("local", "served")
+        if r.get(side) and r[side].get("target_execution_s") is not None}
     return out
 
 
@@ -56,8 +59,9 @@ def table(rows: list[dict]) -> str:
            "| tokens/round | round ms in-process | round ms served | overhead ms/round "
            "| of which draft call | verify call | outside calls | served / in-process at x1, "
            "projected | BLS calls/round | served target rows/batch | target executions by rows "
+           "| target ms an execution in-process | served "
            "| in-process calls over table |",
-           "|---|---:|---|" + "---:|" * 13 + "---|---:|"]
+           "|---|---:|---|" + "---:|" * 13 + "---|---:|---:|---:|"]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
@@ -74,5 +78,7 @@ def table(rows: list[dict]) -> str:
             f"| {_f(ov.get('outside_ms'))} | {x1} "
             f"| {_f(calls, '.2f')} | {_f(r.get('target_batch'), '.2f')} "
             f"| {_sizes(r.get('target_batch_sizes'))} "
+            f"| {_f(r['target_execution_ms'].get('local'))} "
+            f"| {_f(r['target_execution_ms'].get('served'))} "
             f"| {_f(over if over is None else 100 * over, '.0f')} % |")
     return "\n".join(out)

@@ -67,6 +67,7 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
         streams: int) -> dict:
     before, sizes_before = server.metrics(), server.batch_sizes(TARGET)
+    compute_before = server.compute_s(TARGET)
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
@@ -85,6 +86,9 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            # target_model's rows per execution: in process a round's rows make one batch
            "target_batch": sum(b * n for b, n in sizes.items()) / executions
            if executions else None,
-           "target_batch_sizes": {b: n for b, n in sizes.items() if n}}
+           "target_batch_sizes": {b: n for b, n in sizes.items() if n},
+           # against the in-process verify call a round: the device's time, or the CPU's
+           "target_execution_s": (server.compute_s(TARGET) - compute_before) / executions
+           if executions else None}
     log(f"served {mode.name} x{streams} {setting.label}: {tokens / wall:.1f} tok/s")
     return out

@@ -45,9 +45,10 @@ def side(tokens, wall, request_s, rounds, draft_s, verify_s):
 
 
 def test_report_splits_the_overhead():
-    local = side(100, 1.0, 1.0, 50, 0.3, 0.5)
+    local = {**side(100, 1.0, 1.0, 50, 0.3, 0.5), "target_execution_s": 0.01}
     served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "bls_calls_per_round": {"draft": 2.0},
-              "target_batch": 1.5, "target_batch_sizes": {1: 2, 2: 1}}
+              "target_batch": 1.5, "target_batch_sizes": {1: 2, 2: 1},
+              "target_execution_s": 0.0125}
     r = sim_report.row("greedy", 1, "draft K=4", {"local": local, "served": served})
     assert r["ratio"] == pytest.approx(0.8)
     ov = r["overhead_ms"]
@@ -64,6 +65,7 @@ def test_report_splits_the_overhead():
     assert e["local"]["draft_ms"] == 0.0
     text = sim_report.table([r, e])
     assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 | 1.50 | 1:2 2:1 |" in text
+    assert "| 1:2 2:1 | 10.0 | 12.5 |" in text   # a target execution's ms: in process, served
     # Read back from JSON, the sizes are text keys.
     assert sim_report._sizes({"3": 4, "1": 5}) == "1:5 3:4" and sim_report._sizes(None) == "-"
 

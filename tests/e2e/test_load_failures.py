@@ -13,7 +13,7 @@ def test_missing_model_directory_fails_the_load_naming_it(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "specdec.serving.launch", f"--http-port={_free_port()}",
          f"--grpc-port={_free_port()}", f"--metrics-port={_free_port()}",
-         "--exit-timeout-secs=5"],
+         "--exit-timeout-secs=1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
