@@ -1,6 +1,7 @@
 """Orchestrator + BlsDrafter/BlsVerifier + DraftModel/TargetModel over tiny real checkpoints,
 wired through fake_pb: BLS requests reach the real engine models, batched per event-loop turn."""
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -198,6 +199,31 @@ def test_cancelled_midway(serving, stream):
     assert 0 < len(output_ids(r)) < 40
     assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == len(output_ids(r))
     assert len(output_ids(other)) == 40
+    assert_all_released(serving)
+
+
+def test_the_client_is_asked_about_cancellation_at_most_every_check_interval(serving,
+                                                                           monkeypatch):
+    """is_cancelled() is a round trip to the server process (orchestrator.CANCEL_CHECK_S): a
+    generation asks it on its first round and then at most once an interval, however many
+    rounds it runs; a request cancelled meanwhile still ends."""
+    from specdec.serving import orchestrator
+    asked = []
+
+    def cancelled(sender):
+        asked.append(time.monotonic())
+        return len(asked) == 3   # the third time asked, the client has gone
+
+    monkeypatch.setattr(orchestrator, "CANCEL_CHECK_S", 0.01)
+    orch = serving.orchestrator()
+    r = orchestrator_request(PROMPTS[2], max_tokens=60, stream=True, num_draft_tokens=0,
+                             cancelled=cancelled)
+    run_all(orch, [r])
+    assert_one_final(r)
+    assert finish_reason(r.sender.responses()[-1]) == "cancelled"
+    rounds = len(output_ids(r))   # target-only: a token a round
+    assert len(asked) == 3 and rounds >= len(asked)   # once a round at most, and the rest
+    assert all(b - a >= 0.01 for a, b in zip(asked, asked[1:]))
     assert_all_released(serving)
 
 
