@@ -40,6 +40,8 @@ INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS,
 # round, it was 8 % of the orchestrator's time (py-spy). A cancelled request ends within this
 # and a round; one cancelled through the ensemble (cancel_generation) at its next round.
 CANCEL_CHECK_S = 0.1
+# The longest a streamed response waits for the next call to leave (Orchestrator.outbox).
+HOLD_S = 0.002
 
 
 class Unavailable(RuntimeError):
@@ -68,6 +70,14 @@ class Orchestrator:
         self.bls_threads = ThreadPoolExecutor(2 * settings.max_sequences + 4,
                                               thread_name_prefix="bls")
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Streamed responses of the round just verified, held until the next round's call has
+        # left (bls.py's after_dispatch): sending one is a round trip to the server process, and
+        # sent at once they would delay every generation's next call (docs/benchmarks.md).
+        self.outbox: list[tuple[object, object]] = []
+        self._outbox_timer: asyncio.TimerHandle | None = None
+        for model in (drafter, verifier):
+            if hasattr(model, "after_dispatch"):
+                model.after_dispatch = self.send_held
         self.running: set[int] = set()     # generations under way
         self.cancelled: set[int] = set()   # of those, cancelled through the ensemble
 
@@ -117,9 +127,13 @@ class Orchestrator:
                         last = chunk.finish_reason is not None
                         if last:  # a client reading the metrics after its answer sees its counts
                             self.metrics.flush()
-                        sender.send(self._response(shown, pending, chunk, last,
-                                                   len(req.prompt), gid),
-                                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+                        response = self._response(shown, pending, chunk, last,
+                                                  len(req.prompt), gid)
+                        if last:
+                            self.send_held()   # this generation's earlier responses first
+                            sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        else:
+                            self._hold(sender, response)
                         final_sent = last
                         shown.extend(pending)
                         pending.clear()
@@ -149,14 +163,30 @@ class Orchestrator:
             # Bad input and a full or restarting server are the client's to fix or retry.
             finish = (Finish.INVALID if isinstance(exc, InvalidInput) else
                       Finish.UNAVAILABLE if getattr(exc, "unavailable", False) else Finish.ERROR)
+            self.send_held()
             if not final_sent:
                 sender.send(pb.InferenceResponse(output_tensors=[], error=triton_error(pb, exc)),
                             flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 final_sent = True
         finally:
             if not final_sent:
+                self.send_held()
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.metrics.finished(finish, stats, probe)
+
+    def _hold(self, sender, response) -> None:
+        self.outbox.append((sender, response))
+        if self._outbox_timer is None:   # no call leaves soon (a draft call first): still sent
+            self._outbox_timer = asyncio.get_running_loop().call_later(HOLD_S, self.send_held)
+
+    def send_held(self) -> None:
+        """Send the held responses, in the order they were made."""
+        if self._outbox_timer is not None:
+            self._outbox_timer.cancel()
+            self._outbox_timer = None
+        held, self.outbox = self.outbox, []
+        for sender, response in held:
+            sender.send(response, flags=0)
 
     def _new_id(self) -> int:
         """A generation's id, also its sequence id in the models: random, not counted, since a
