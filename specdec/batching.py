@@ -20,6 +20,7 @@ class Batcher:
         self.max_rows = max_rows       # a batch's most calls (the rest go next)
         self.pending: list[tuple[object, asyncio.Future]] = []
         self.busy = False              # a batch is in flight
+        self.in_flight: asyncio.Future | None = None
 
     async def submit(self, call):
         """The call's result; raises the exception its batch gave for it."""
@@ -36,7 +37,8 @@ class Batcher:
         n = len(self.pending) if self.max_rows is None else self.max_rows
         batch, self.pending = self.pending[:n], self.pending[n:]
         self.busy = True
-        asyncio.ensure_future(self._send(batch))
+        # Held: the event loop keeps only a weak reference to a task.
+        self.in_flight = asyncio.ensure_future(self._send(batch))
 
     async def _send(self, batch: list[tuple[object, asyncio.Future]]) -> None:
         try:
