@@ -72,6 +72,15 @@ def clean_env(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def cancellation_asked_every_round(monkeypatch):
+    """A fake request's `cancelled` callable decides by what it has seen (responses sent,
+    calls made), not by time: the orchestrator asks it every round here, not at most every
+    CANCEL_CHECK_S, whose test sets its own."""
+    from specdec.serving import orchestrator
+    monkeypatch.setattr(orchestrator, "CANCEL_CHECK_S", 0.0)
+
+
+@pytest.fixture(autouse=True)
 def fresh_pb():
     fake_pb.reset()
     yield fake_pb
