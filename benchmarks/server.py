@@ -193,21 +193,16 @@ class Server:
                           **{key: float(inf[key]["ns"]) for key in TRITON_PHASES}}
         return out
 
-    def batch_sizes(self, model: str) -> dict[int, int]:
+    def batch_stats(self, model: str) -> tuple[dict[int, int], float]:
         """Executions of `model` by the rows the dynamic batcher put in them (Triton's
-        batch_stats): how a batch split, where rows per execution only says that it did."""
+        batch_stats: how a batch split, where rows per execution only says that it did), and
+        the seconds they spent in execute() (compute_infer; with the simulated device, the
+        padded call and the Python around it)."""
         url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
         m = json.loads(urllib.request.urlopen(url, timeout=10).read())["model_stats"][0]
-        return {int(b["batch_size"]): int(b["compute_infer"]["count"])
-                for b in m.get("batch_stats", [])}
-
-    def compute_s(self, model: str) -> float:
-        """Seconds `model`'s executions have spent in its execute() (Triton's compute_infer,
-        over every batch size): with the simulated device, the padded call and the Python
-        around it."""
-        url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
-        m = json.loads(urllib.request.urlopen(url, timeout=10).read())["model_stats"][0]
-        return sum(float(b["compute_infer"]["ns"]) for b in m.get("batch_stats", [])) / 1e9
+        stats = m.get("batch_stats", [])
+        return ({int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats},
+                sum(float(b["compute_infer"]["ns"]) for b in stats) / 1e9)
 
     def stop(self) -> None:
         """Stop the process group and remove the backend directory (the log stays)."""

@@ -66,13 +66,13 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
 
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
         streams: int) -> dict:
-    before, sizes_before = server.metrics(), server.batch_sizes(TARGET)
-    compute_before = server.compute_s(TARGET)
+    before, (sizes_before, compute_before) = server.metrics(), server.batch_stats(TARGET)
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
     per_round = server.by_label("specdec_bls_calls_per_round", "proposer")
-    sizes = {b: n - sizes_before.get(b, 0) for b, n in sorted(server.batch_sizes(TARGET).items())}
+    sizes_after, compute_after = server.batch_stats(TARGET)
+    sizes = {b: n - sizes_before.get(b, 0) for b, n in sorted(sizes_after.items())}
     executions = sum(sizes.values())
     out = {"tokens": tokens, "wall_s": wall, "request_s": sum(r.total_s for r in reqs),
            "rounds": d.get("specdec_rounds_total", 0.0),
@@ -87,8 +87,8 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            "target_batch": sum(b * n for b, n in sizes.items()) / executions
            if executions else None,
            "target_batch_sizes": {b: n for b, n in sizes.items() if n},
-           # against the in-process verify call a round: the device's time, or the CPU's
-           "target_execution_s": (server.compute_s(TARGET) - compute_before) / executions
+           # against a target call in process: the device's time, or the CPU's
+           "target_execution_s": (compute_after - compute_before) / executions
            if executions else None}
     log(f"served {mode.name} x{streams} {setting.label}: {tokens / wall:.1f} tok/s")
     return out
