@@ -13,10 +13,10 @@ real-shape checkpoints of every supported family that the tests load.
     .venv/bin/python benchmarks/make_random_pair.py --out /tmp/rp --head   # + OUT/eagle
 
 Presets (`--target`/`--draft`) are the published config.json values of: llama-8b
-(Llama-3.1-8B), llama-70b (Llama-3.1-70B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b, gemma2-9b, gemma2-2b (Gemma 2),
-gemma3-12b (Gemma 3 12B's language model, as a text-only checkpoint), gemma3-1b, phi4-mini
-(Phi-4-mini-instruct), phi3-mini (Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped
-KV heads, tied embeddings, RoPE scaling, sliding windows and soft caps included. `--scale s`
+(Llama-3.1-8B), llama-70b (Llama-3.1-70B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b,
+gemma2-9b, gemma2-2b (Gemma 2), gemma3-12b (Gemma 3 12B's language model, as a text-only
+checkpoint), gemma3-1b, gemma3-270m, phi4-mini (Phi-4-mini-instruct), phi3-mini
+(Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped KV heads, tied embeddings, RoPE scaling, sliding windows and soft caps included. `--scale s`
 multiplies the layer count, the heads (head_dim and the query/KV grouping kept), the width and
 the MLP width by s, for tests on small machines; the vocabulary stays real unless --vocab-size
 says otherwise. Weights are bfloat16 safetensors, sharded at --shard-gb with a
@@ -114,6 +114,14 @@ PRESETS = {
                       rope_theta=1000000.0, rope_local_base_freq=10000.0,
                       hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
                       tie_word_embeddings=True),
+    # google/gemma-3-270m: the family's smallest draft, its embedding half the 1B's
+    "gemma3-270m": dict(model_type="gemma3_text", hidden_size=640, num_hidden_layers=18,
+                        num_attention_heads=4, num_key_value_heads=1, intermediate_size=2048,
+                        vocab_size=262144, head_dim=256, max_position_embeddings=32768,
+                        query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
+                        rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                        tie_word_embeddings=True),
     # microsoft/Phi-4-mini-instruct (fused qkv and gate_up, 3/4 of each head rotates, LongRoPE)
     # and microsoft/Phi-3-mini-4k-instruct (a 2047-token window on every layer)
     "phi4-mini": dict(model_type="phi3", hidden_size=3072, num_hidden_layers=32,

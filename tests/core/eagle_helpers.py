@@ -20,6 +20,7 @@ from specdec.engine import Engine
 from specdec.weights import load_model
 
 SEQUENCES, NEW_TOKENS, STEPS = 512, 48, 400
+BATCH = 8   # train_head's default batch
 # (target, steps, seed) -> a head trained in this process: a minute and a half of one core on
 # the CI machine, and several modules train the same one (the session's pair_dir target).
 _trained: dict[tuple[str, int, int], Path] = {}
@@ -31,9 +32,9 @@ _TRAINED_FOR = "trained_for.json"
 
 def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: int = 0) -> Path:
     """Trains a head for the target at `target_dir` (e.g. make_checkpoint(dir,
-    "llama3_gqa_tied")) on SEQUENCES of its own continuations of random prompts, half greedy and
-    half sampled, and writes it to `out_dir` (speculators format, float32, without the target's
-    embedding). On the tiny llama3_gqa_tied target its greedy acceptance at K=4 is about 0.25 on
+    "llama3_gqa_tied")) on SEQUENCES of its own continuations of random prompts (fewer where
+    `steps` x BATCH are fewer), half greedy and half sampled, and writes it to `out_dir`
+    (speculators format, float32, without the target's embedding). On the tiny llama3_gqa_tied target its greedy acceptance at K=4 is about 0.25 on
     held-out greedy continuations (0.32 at the first draft position). Deterministic for a seed."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file():
@@ -57,13 +58,15 @@ def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: 
         model = load_model(target_dir, torch.float32, "cpu")
         vocab = model.args.vocab_size
         gen = torch.Generator().manual_seed(seed)
+        # A short run reads fewer sequences than SEQUENCES: writing more costs seconds a head.
+        count = min(SEQUENCES, steps * BATCH)
         prompts = [torch.randint(0, vocab, (int(n),), generator=gen).tolist()
-                   for n in torch.randint(2, 12, (SEQUENCES,), generator=gen)]
+                   for n in torch.randint(2, 12, (count,), generator=gen)]
         engine = Engine(model, 64, 12 + NEW_TOKENS, torch.device("cpu"), cuda_graphs=False)
-        rows, lengths = data.training_rows(engine, prompts, SEQUENCES, NEW_TOKENS, 0.5, 1.0,
+        rows, lengths = data.training_rows(engine, prompts, count, NEW_TOKENS, 0.5, 1.0,
                                            seed, ())
         sequences = [r[:n].tolist() for r, n in zip(rows, lengths)]
-        head = eagle3.train_head(model, sequences, steps, lr=5e-3, seed=seed)
+        head = eagle3.train_head(model, sequences, steps, batch=BATCH, lr=5e-3, seed=seed)
         save_speculators(head, out_dir, str(target_dir), embeddings=False,
                          verifier_architectures=_architectures(target_dir))
     finally:

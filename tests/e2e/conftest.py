@@ -113,7 +113,7 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"tritonserver did not become ready:\n{log.read_text()[-4000:]}")
-        time.sleep(1)
+        time.sleep(0.25)
     yield Server(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log, proc.pid)
     os.killpg(proc.pid, signal.SIGTERM)
     try:
