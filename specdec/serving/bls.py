@@ -2,8 +2,6 @@
 round's at a time (batching.py: the verifications of every sequence under way, one request)."""
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from .. import names
@@ -17,19 +15,13 @@ from .recovery import is_down
 class _Model:
     def __init__(self, pb, model_name: str):
         self.pb, self.name = pb, model_name
-        # Called once a call has left for its model (the orchestrator's held responses go out
-        # then, while the model computes: orchestrator.py).
-        self.after_dispatch: Callable[[], None] | None = None
 
     async def call(self, inputs: dict[str, np.ndarray], outputs: list[str], extra=()):
         pb = self.pb
         tensors = [pb.Tensor(n, v) for n, v in inputs.items()] + list(extra)
         request = pb.InferenceRequest(model_name=self.name, inputs=tensors,
                                       requested_output_names=outputs)
-        answer = request.async_exec()   # Triton hands it to an executor thread here
-        if self.after_dispatch is not None:
-            self.after_dispatch()
-        response = await answer
+        response = await request.async_exec()
         if response.has_error():
             err = response.error()
             # A BLS answer's error code is always INTERNAL (Triton 2.51's Python backend keeps the

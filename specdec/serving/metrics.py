@@ -7,7 +7,8 @@ Every metric update is a message from the backend stub to the server process. Co
 increments are therefore summed here and sent before a request's final response, when it
 finishes, and at least every FLUSH_EVERY_S while requests run: a round at K=8 sent about 20
 updates (counters per drafted and per accepted position among them), now its 4 histogram
-observations.
+observations. The orchestrator sends them from a thread of its own (`post`: courier.py), in
+order with its responses.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class Metrics:
                  in_target: tuple[Proposer, ...] = IN_TARGET):
         """estimates: () -> policy.Estimates, the live figures the policy decides on;
         in_target: the proposers drafting inside target_model's call (settings.in_target)."""
+        # post(fn, *args): how an update reaches the server (the orchestrator's courier; here,
+        # at once).
+        self.post = lambda fn, *args: fn(*args)
         kinds = pb.MetricFamily
         labels = {"model": model}
         # Triton requires each MetricFamily to outlive its metrics: all are kept here.
@@ -138,19 +142,23 @@ class Metrics:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, {}
+        post = self.post
         for counter, n in pending.items():
-            counter.increment(n)
+            post(counter.increment, n)
         self._flushed_at = time.monotonic()
         for p, (n_calls, n_rounds) in self._calls_seen.items():
             if n_rounds:
-                self.calls_per_round[p].set(n_calls / n_rounds)
+                post(self.calls_per_round[p].set, n_calls / n_rounds)
         if self.estimates is not None:
             e = self.estimates()
             for p, rates in e.acceptance.items():
                 for gauge, a in zip(self.acceptance_estimate[p], rates):
-                    gauge.set(a)
+                    post(gauge.set, a)
             for part, seconds in e.costs.items():
-                self.cost_estimate[part].set(seconds)
+                post(self.cost_estimate[part].set, seconds)
+
+    def set_active(self, n: int) -> None:
+        self.post(self.active.set, n)
 
     def round(self, r: Round) -> None:
         self._count(self.rounds, 1)
@@ -164,8 +172,9 @@ class Metrics:
             self._count(self.draft_failures[r.failure], 1)
         if r.in_target_failure:
             self._count(self.draft_failures[r.in_target_failure], 1)
+        post = self.post
         if r.limit and r.k:
-            self.chosen_k.observe(r.k)
+            post(self.chosen_k.observe, r.k)
         elif r.limit and r.reason:
             self._count(self.off_rounds[r.reason], 1)
         if r.k:
@@ -176,20 +185,20 @@ class Metrics:
                 self._count(self.drafted_at[p][j], 1)
             for j in range(r.accepted):
                 self._count(self.accepted_at[p][j], 1)
-            self.accepted_per_round.observe(r.accepted)
+            post(self.accepted_per_round.observe, r.accepted)
             if p == Proposer.DRAFT:
-                self.draft_latency.observe(r.draft_s)
-        self.verify_latency.observe(r.verify_s)
-        self.round_latency.observe(r.draft_s + r.verify_s)
+                post(self.draft_latency.observe, r.draft_s)
+        post(self.verify_latency.observe, r.verify_s)
+        post(self.round_latency.observe, r.draft_s + r.verify_s)
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
             self.flush()
 
     def tokens(self, n: int, since_last_s: float, first: bool) -> None:
         self._count(self.output_tokens, n)
         if first:
-            self.ttft.observe(since_last_s)
+            self.post(self.ttft.observe, since_last_s)
         elif n:
-            self.itl.observe(since_last_s / n)
+            self.post(self.itl.observe, since_last_s / n)
 
     def finished(self, reason: Finish, stats: Stats | None, is_probe: bool = False) -> None:
         """A request's end. A health probe's (`is_probe(request)`) is no user's request: it is
@@ -197,7 +206,7 @@ class Metrics:
         if not is_probe:
             self._count(self.requests[reason if reason in self.requests else Finish.ERROR], 1)
         if stats is not None and stats.total_draft_tokens:
-            self.acceptance_rate.observe(stats.acceptance_rate)
+            self.post(self.acceptance_rate.observe, stats.acceptance_rate)
         self.flush()
 
 

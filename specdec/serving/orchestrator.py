@@ -26,6 +26,7 @@ from ..policy import Planner
 from ..records import Chunk, Finish
 from . import detokenize
 from .adapter import read_inputs, triton_error
+from .courier import Courier
 from .metrics import Metrics, is_probe
 from .requests import InvalidInput, parse_request
 from .settings import OrchestratorSettings
@@ -40,8 +41,6 @@ INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS,
 # round, it was 8 % of the orchestrator's time (py-spy). A cancelled request ends within this
 # and a round; one cancelled through the ensemble (cancel_generation) at its next round.
 CANCEL_CHECK_S = 0.1
-# The longest a streamed response waits for the next call to leave (Orchestrator.outbox).
-HOLD_S = 0.002
 
 
 class Unavailable(RuntimeError):
@@ -62,6 +61,9 @@ class Orchestrator:
         self.planner = Planner(settings.max_draft_tokens, settings.load_cap,
                                proposers=settings.proposers, in_target=settings.in_target)
         metrics.estimates = self.planner.estimates
+        # Responses and metric updates leave from a thread of their own (courier.py).
+        self.courier = Courier()
+        metrics.post = self.courier.post
         self.slots = asyncio.Semaphore(settings.max_sequences)
         # async_exec runs each BLS call as a blocking exec on the event loop's default executor,
         # whose default is min(32, CPUs + 4) threads: 6 on a 2-core host, which capped the calls
@@ -70,14 +72,6 @@ class Orchestrator:
         self.bls_threads = ThreadPoolExecutor(2 * settings.max_sequences + 4,
                                               thread_name_prefix="bls")
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Streamed responses of the round just verified, held until the next round's call has
-        # left (bls.py's after_dispatch): sending one is a round trip to the server process, and
-        # sent at once they would delay every generation's next call (docs/benchmarks.md).
-        self.outbox: list[tuple[object, object]] = []
-        self._outbox_timer: asyncio.TimerHandle | None = None
-        for model in (drafter, verifier):
-            if hasattr(model, "after_dispatch"):
-                model.after_dispatch = self.send_held
         self.running: set[int] = set()     # generations under way
         self.cancelled: set[int] = set()   # of those, cancelled through the ensemble
 
@@ -92,7 +86,8 @@ class Orchestrator:
         cancel = pb.get_input_tensor_by_name(request, names.CANCEL_GENERATION)
         if cancel is not None:
             self._cancel(int(cancel.as_numpy().reshape(-1)[0]))
-            sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.courier.post(sender.send, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            await self.courier.settle()
             return
         final_sent = False
         finish = Finish.ERROR
@@ -108,7 +103,7 @@ class Orchestrator:
                 raise Unavailable(f"all {self.settings.max_sequences} sequence slots stayed busy "
                                   f"for {self.settings.queue_timeout_s}s; retry later") from None
             policy = open_policy(self.planner, req)
-            self.metrics.active.set(self.planner.active)
+            self.metrics.set_active(self.planner.active)
             gid = self._new_id()
             self.running.add(gid)
             try:
@@ -129,11 +124,8 @@ class Orchestrator:
                             self.metrics.flush()
                         response = self._response(shown, pending, chunk, last,
                                                   len(req.prompt), gid)
-                        if last:
-                            self.send_held()   # this generation's earlier responses first
-                            sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                        else:
-                            self._hold(sender, response)
+                        self.courier.post(sender.send, response, flags=(
+                            pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0))
                         final_sent = last
                         shown.extend(pending)
                         pending.clear()
@@ -157,36 +149,22 @@ class Orchestrator:
                 self.running.discard(gid)
                 self.cancelled.discard(gid)
                 self.planner.close(policy)
-                self.metrics.active.set(self.planner.active)
+                self.metrics.set_active(self.planner.active)
                 self.slots.release()
         except Exception as exc:  # every failure becomes this request's error, never the model's
             # Bad input and a full or restarting server are the client's to fix or retry.
             finish = (Finish.INVALID if isinstance(exc, InvalidInput) else
                       Finish.UNAVAILABLE if getattr(exc, "unavailable", False) else Finish.ERROR)
-            self.send_held()
             if not final_sent:
-                sender.send(pb.InferenceResponse(output_tensors=[], error=triton_error(pb, exc)),
-                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                self.courier.post(sender.send, pb.InferenceResponse(
+                    output_tensors=[], error=triton_error(pb, exc)),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 final_sent = True
         finally:
             if not final_sent:
-                self.send_held()
-                sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                self.courier.post(sender.send, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.metrics.finished(finish, stats, probe)
-
-    def _hold(self, sender, response) -> None:
-        self.outbox.append((sender, response))
-        if self._outbox_timer is None:   # no call leaves soon (a draft call first): still sent
-            self._outbox_timer = asyncio.get_running_loop().call_later(HOLD_S, self.send_held)
-
-    def send_held(self) -> None:
-        """Send the held responses, in the order they were made."""
-        if self._outbox_timer is not None:
-            self._outbox_timer.cancel()
-            self._outbox_timer = None
-        held, self.outbox = self.outbox, []
-        for sender, response in held:
-            sender.send(response, flags=0)
+            await self.courier.settle()   # when handle returns, its responses have left
 
     def _new_id(self) -> int:
         """A generation's id, also its sequence id in the models: random, not counted, since a

@@ -81,6 +81,15 @@ def cancellation_asked_every_round(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def messages_sent_at_once(monkeypatch):
+    """The same for responses and metric updates: sent as they are made (courier.py), so that
+    a fake request sees them in the round that made them; test_courier.py and a threaded run of
+    test_streamed_equals_non_streamed_equals_in_process keep the server's thread."""
+    from specdec.serving import courier
+    monkeypatch.setattr(courier, "THREADED", False)
+
+
+@pytest.fixture(autouse=True)
 def fresh_pb():
     fake_pb.reset()
     yield fake_pb

@@ -14,7 +14,7 @@ from specdec.loop import speculate
 from specdec.ngram import NgramProposer
 from specdec.records import ProposeCall, Request, SlotError, VerifyCall
 from specdec.sampling import SamplingParams
-from specdec.serving import calls
+from specdec.serving import calls, courier
 from specdec.weights import load_model
 from tests.adapters import fake_pb
 from tests.adapters.conftest import MAX_SEQ_LEN, orchestrator_request, run_all
@@ -68,8 +68,12 @@ def local_reference(checkpoints, prompt, max_tokens, k, sampling):
     return [tok for c in chunks for tok in c.tokens]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.75])  # exact in float32, as on the wire
-def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, temperature):
+@pytest.mark.parametrize("temperature,threaded", [(0.0, False), (0.75, False), (0.0, True)])
+def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, temperature,
+                                                        threaded, monkeypatch):
+    """Exact in float32, as on the wire; threaded: responses and metric updates leave from the
+    courier's thread, as in the server."""
+    monkeypatch.setattr(courier, "THREADED", threaded)
     orch = serving.orchestrator()
     fields = dict(max_tokens=24, temperature=temperature, seed=1234, num_draft_tokens=3)
     requests = [orchestrator_request(p, stream=s, **fields) for p in PROMPTS for s in (False, True)]

@@ -1,0 +1,53 @@
+"""courier.py on its thread: posts return at once, run in order, failures are logged not
+raised, and settle() waits for everything posted before it."""
+import asyncio
+import logging
+import threading
+
+from specdec.serving.courier import Courier
+
+
+def test_posts_run_in_order_off_the_caller_and_settle_waits_for_them():
+    courier = Courier(threaded=True)
+    gate, done, order = threading.Event(), [], []
+
+    def slow(i):
+        gate.wait(5)
+        order.append((i, threading.current_thread().name))
+
+    async def main():
+        for i in range(5):
+            courier.post(slow, i)
+        assert order == []            # the caller did not wait for the first
+        courier.post(done.append, "last")
+        gate.set()
+        await courier.settle()
+        return list(order), list(done)
+
+    seen, last = asyncio.run(main())
+    assert [i for i, _ in seen] == list(range(5)) and last == ["last"]
+    assert all(name.startswith("courier") for _, name in seen)
+
+
+def test_a_failed_post_is_logged_and_the_next_ones_still_run(caplog):
+    courier = Courier(threaded=True)
+    ran = []
+
+    def fail():
+        raise RuntimeError("Unable to send response. Response sender has been closed.")
+
+    async def main():
+        courier.post(fail)
+        courier.post(ran.append, 1)
+        await courier.settle()
+
+    with caplog.at_level(logging.ERROR, logger="specdec"):
+        asyncio.run(main())
+    assert ran == [1]
+    assert any("sender has been closed" in r.getMessage() for r in caplog.records)
+
+
+def test_unthreaded_posts_run_at_once():
+    ran = []
+    Courier(threaded=False).post(ran.append, 1)
+    assert ran == [1]
