@@ -73,14 +73,15 @@ def memory_needed(t: ModelArgs, d: ModelArgs, train_embeddings: bool, rows: int,
                   slots: int, max_len: int, dtype: torch.dtype, chunk: int) -> dict[str, int]:
     """Bytes a training step needs at its peak, by part. The draft trains in float32 with AdamW
     (weights, gradients and two moments for what trains); activations are those autograd keeps
-    for the draft's backward (bf16 under autocast), the teacher's hidden states, one layer of
-    the teacher's forward, and one chunk of both models' log-probabilities (train.kl_loss)."""
+    for the draft's backward (in `dtype`: bf16 under autocast on CUDA, float32 on the CPU), the
+    teacher's hidden states, one layer of the teacher's forward, and one chunk of both models'
+    log-probabilities (train.kl_loss)."""
     elem = torch.empty((), dtype=dtype).element_size()
     total_t, _ = parameters(t)
     total_d, emb_d = parameters(d)
     trainable = total_d - (0 if train_embeddings else emb_d)
     tokens = rows * seq_len
-    per_layer = tokens * (8 * d.hidden_size + 4 * d.intermediate_size) * 2 \
+    per_layer = tokens * (8 * d.hidden_size + 4 * d.intermediate_size) * elem \
         + rows * d.num_heads * seq_len * seq_len * 4          # attention weights (math SDPA)
     teacher = tokens * t.hidden_size * elem + tokens * (
         3 * t.intermediate_size + (t.num_heads + 2 * t.num_kv_heads) * t.head_dim) * elem

@@ -73,8 +73,9 @@ def head_parameters(t: ModelArgs, draft_vocab: int) -> int:
 def memory_needed(t: ModelArgs, args, slots: int, max_len: int,
                   dtype: torch.dtype) -> dict[str, int]:
     """Bytes at the peak of a step, by part (as checks.memory_needed for a draft): the head in
-    float32 with AdamW, per TTT step what autograd keeps (the layer's activations in bf16, its
-    scores against step 0's keys in float32 three times over: scores, softmax, the bf16 copy;
+    float32 with AdamW, per TTT step what autograd keeps (the layer's activations in `dtype`:
+    bf16 under autocast on CUDA, float32 on the CPU; its scores against step 0's keys in float32
+    three times over: scores, softmax, the bf16 copy;
     the logits and log-probabilities when the step's tokens fit in one chunk), the teacher's
     outputs and one layer of its forward, one chunk of logits being computed; the
     measurement's KV pool comes on top while it runs."""
@@ -82,7 +83,7 @@ def memory_needed(t: ModelArgs, args, slots: int, max_len: int,
     tokens = args.batch * args.seq_len
     h, i = t.hidden_size, t.intermediate_size
     chunk = train.chunk_tokens(args.draft_vocab)
-    per_step = tokens * (12 * h + 4 * i) * 2 + 3 * args.batch * t.num_heads * args.seq_len ** 2 \
+    per_step = tokens * (12 * h + 4 * i) * elem + 3 * args.batch * t.num_heads * args.seq_len ** 2 \
         * 4 + (tokens * args.draft_vocab * 6 if tokens <= chunk else 0)
     teacher = tokens * 4 * h * elem + tokens * (
         3 * i + (t.num_heads + 2 * t.num_kv_heads) * t.head_dim) * elem

@@ -130,11 +130,8 @@ class Trainer:
 
         def loss():
             hidden = train.teacher_hidden(self.target, tokens.to(device), lengths)
-            # float32 on the CPU: its bf16 matmuls are emulated where it has no AVX-512 BF16
-            # (the heads' [V, H] products took 40x longer than in float32 on our CI machines)
-            with torch.autocast(device.type, enabled=device.type == "cuda"):
-                value, self.last_heads = medusa_loss(self.head, self.target.model, hidden,
-                                                     lengths.to(device), self.chunk)
+            value, self.last_heads = medusa_loss(self.head, self.target.model, hidden,
+                                                 lengths.to(device), self.chunk)
             return value
         self.head.train()
         return train.step(self.head, self.opt, loss, lr)
