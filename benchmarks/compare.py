@@ -52,7 +52,8 @@ from figures import latency_summary
 from inputs import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, ROOT, load_prompts
 from machine import git_state, machine
 from progress import log
-from server import Server, acceptance_rate, drafted_per_round, exit_on_sigterm, settle_metrics
+from server import (Server, acceptance_rate, drafted_per_round, exit_on_sigterm, settle_metrics,
+                    tokens_per_round)
 from untrained_draft import make as make_untrained
 from workloads import REPEATING
 
@@ -61,6 +62,7 @@ from specdec.records import AUTO, Off
 OLD_LOAD_POLICY = {"SPECDEC_SPEC_FULL_BELOW": "8", "SPECDEC_SPEC_OFF_AT": "32"}
 CHOSEN, OFF = "specdec_chosen_draft_tokens_bucket", "specdec_speculation_off_rounds_total"
 DRAFTED = "specdec_draft_tokens_total"
+AT = ("specdec_drafted_at_position_total", "specdec_accepted_at_position_total")
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,18 @@ def _delta(before: dict, after: dict) -> dict[str, float]:
     return {key: n - before.get(key, 0.0) for key, n in after.items()}
 
 
+def by_position(before: tuple[dict, dict], after: tuple[dict, dict]) -> list[float]:
+    """Acceptance at draft positions 1, 2, ...: rounds that accepted position j over rounds
+    that drafted it (the server's counters, every proposer summed), while any drafted it."""
+    drafted, accepted = (_delta(b, a) for b, a in zip(before, after))
+    out = []
+    for j in sorted(int(p) for p in drafted):
+        if drafted[str(j)] <= 0:
+            break
+        out.append(accepted.get(str(j), 0.0) / drafted[str(j)])
+    return out
+
+
 def run_setting(server: Server, prompts: list[str], setting: Setting, streams: int,
                 requests: int, max_tokens: int) -> dict:
     batch = [(i, prompts[i % len(prompts)]) for i in range(requests)]
@@ -104,6 +118,7 @@ def run_setting(server: Server, prompts: list[str], setting: Setting, streams: i
     before = server.metrics()
     hist, off, by = (server.by_label(CHOSEN, "le"), server.by_label(OFF, "reason"),
                      server.by_label(DRAFTED, "proposer"))
+    at = tuple(server.by_label(name, "position") for name in AT)
     reqs, wall = run_requests(server.grpc_url, batch, k, max_tokens, streams,
                               f"{setting.label} x{streams}", False, proposer)
     d = settle_metrics(server, before, sum(r.tokens for r in reqs))
@@ -113,6 +128,9 @@ def run_setting(server: Server, prompts: list[str], setting: Setting, streams: i
     return {"tokens_per_s": s["tokens_per_s"] if streams == 1 else s["output_tokens"] / wall,
             "output_tokens": s["output_tokens"], "ttft_p50_s": s["ttft_p50_s"],
             "acceptance_rate": acceptance_rate(d), "k_per_round": drafted_per_round(d),
+            "tokens_per_round": tokens_per_round(d),
+            "acceptance_by_position": by_position(at, tuple(server.by_label(name, "position")
+                                                            for name in AT)),
             "lookup_share": drafted.get("ngram", 0.0) / total if total else None,
             "rounds": d.get("specdec_rounds_total"),
             # From the server's counter: 1 a round with the head, 2 with the draft model.
@@ -147,6 +165,8 @@ def scenario(name: str, draft: Path, env: dict, plan: list[tuple[Setting, int]],
                "tokens_per_s": sum(tps) / len(tps), "tokens_per_s_runs": tps,
                "acceptance_rate": rs[-1]["acceptance_rate"], "lookup_share": rs[-1]["lookup_share"],
                "k_per_round": sum(r["k_per_round"] or 0 for r in rs) / len(rs),
+               "tokens_per_round": rs[-1]["tokens_per_round"],
+               "acceptance_by_position": rs[-1]["acceptance_by_position"],
                "bls_calls_per_round": rs[-1]["bls_calls_per_round"],
                "chosen_k": _sum_dicts([r["chosen_k"] for r in rs]),
                "rounds_off": _sum_dicts([r["rounds_off"] for r in rs]),
@@ -174,9 +194,9 @@ def markdown(report: dict) -> str:
              f"{report['config']['requests']} requests x {report['config']['max_tokens']} tokens "
              f"per setting and repeat, {report['config']['repeats']} repeats, greedy.", "",
              "| scenario | setting | streams | tok/s | vs target-only | runs | accept | "
-             "k/round | lookup | BLS calls/round | chosen k (rounds) | off: acceptance / down / "
-             "cap / no match | same text |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|---|---|"]
+             "by position | k/round | tokens/round | lookup | BLS calls/round | "
+             "chosen k (rounds) | off: acceptance / down / cap / no match | same text |",
+             "|---|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---|---|---|"]
     for r in report["rows"]:
         dist = " ".join(f"{k}:{int(n)}" for k, n in sorted(r["chosen_k"].items(),
                                                           key=lambda kv: int(kv[0])) if n)
@@ -185,11 +205,13 @@ def markdown(report: dict) -> str:
         share = "-" if r["lookup_share"] is None else f"{r['lookup_share']:.0%}"
         calls = "-" if r.get("bls_calls_per_round") is None else \
             f"{r['bls_calls_per_round']:.2f}"
+        at = " / ".join(f"{a:.2f}" for a in r.get("acceptance_by_position") or []) or "-"
+        per_round = "-" if r.get("tokens_per_round") is None else f"{r['tokens_per_round']:.2f}"
         lines.append(
             f"| {r['scenario']} | {r['setting']} | {r['streams']} | {r['tokens_per_s']:.1f} | "
             f"{r.get('vs_target_only', 0):.2f} | "
-            f"{' / '.join(f'{x:.0f}' for x in r['tokens_per_s_runs'])} | {acc} | "
-            f"{r['k_per_round']:.2f} | {share} | {calls} | {dist or '-'} | "
+            f"{' / '.join(f'{x:.0f}' for x in r['tokens_per_s_runs'])} | {acc} | {at} | "
+            f"{r['k_per_round']:.2f} | {per_round} | {share} | {calls} | {dist or '-'} | "
             f"{' / '.join(str(int(off.get(x, 0))) for x in Off)}"
             f" | {r['same_text_as_target_only']} |")
     return "\n".join(lines) + "\n"

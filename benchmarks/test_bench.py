@@ -203,3 +203,12 @@ def test_compare_plans_self_and_medusa_with_their_server_settings(tmp_path):
     assert {s.proposer for s, _ in steps if s.k} == {"medusa"}
     with pytest.raises(SystemExit, match="--medusa HEADS"):
         compare.plans("medusa", compare.parse_args([]), tmp_path)
+
+
+def test_compare_reads_acceptance_by_position_from_the_counters_deltas():
+    import compare
+
+    before = ({"1": 10.0, "2": 4.0, "3": 0.0}, {"1": 5.0, "2": 1.0})
+    after = ({"1": 30.0, "2": 14.0, "3": 0.0}, {"1": 15.0, "2": 3.0, "3": 0.0})
+    # position 1: 10 accepted of 20 drafted; 2: 2 of 10; 3 never drafted in the setting
+    assert compare.by_position(before, after) == [0.5, 0.2]

@@ -35,6 +35,11 @@ _LEVELS = 8
 # position beyond is measured now and then, or one unlucky rejection there would keep k below
 # it for as long as the estimate takes to forget.
 STRETCH_EVERY = 8
+# A proposer that is off is probed now and then; at most this share of a batch's time goes to
+# probes. A probe widens its whole batch's round by the proposer's step, and each row probes on
+# its own: with SWIFT on a target where a skipped-layer step costs 0.95 of a verification,
+# probes every few rounds of each of 16 rows took 39 % of the served tok/s (docs/swift.md).
+PROBE_SHARE = 0.03
 
 
 def _level(active: int) -> int:
@@ -317,7 +322,7 @@ class Adaptive(Policy):
             # what the estimates say is the lesser proposal (a lookup's text drafted with a
             # draft model's BLS call for one token, every few rounds of copying).
             self.off_rounds[q] += 1
-            if self.off_rounds[q] >= self.probe_every[q] and not own \
+            if self.off_rounds[q] >= self._probe_every(q, costs) and not own \
                     and _best([1.0] * kmax, costs, q)[0]:
                 self.off_rounds[q], self.probe = 0, q
                 k, p = (1 if q == Proposer.DRAFT else kmax), q
@@ -350,18 +355,31 @@ class Adaptive(Policy):
         costs = self.costs()
         k = _best(self.acceptance(p)[:cap], costs, p)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
-        if k == 0 and costs.propose_s(p, 1) - costs.propose_s(p, 0) > 0.1 * costs.verify(0):
+        if k == 0 and _dear(p, costs):
             # Off, and its step dear (the target with layers skipped, a draft model): one token
             # only for the round that will probe it, or every round would pay a step for drafts
             # thrown away. A head's step is cheap: it drafts one every round, ready to probe.
             self.idle_ahead += 1
-            if self.idle_ahead < self.probe_every[p]:
+            every = self._probe_every(p, costs)
+            if self.idle_ahead < every:
                 return 0
             self.idle_ahead = 0
-            self.off_rounds[p] = self.probe_every[p]   # the next choice probes what it drafts
+            self.off_rounds[p] = every   # the next choice probes what it drafts
             return 1
         self.idle_ahead = 0
         return min(cap, max(1, k + stretches))
+
+    def _probe_every(self, p: Proposer, costs: Costs) -> int:
+        """Rounds between this sequence's probes of p: its backoff, and where p's step is dear
+        no fewer than keep the batch's probes (every row's, each adding a one-token round's
+        extra to the batch) within PROBE_SHARE of its time. A cheap step's probes cost less
+        than that share's resolution (a head drafts one every round anyway)."""
+        if not _dear(p, costs):
+            return self.probe_every[p]
+        plain = max(costs.round_s(None, 0), 1e-9)
+        extra = max(costs.round_s(p, 1) - plain, 0.0)
+        rows = max(1, self.planner.active)
+        return max(self.probe_every[p], math.ceil(rows * extra / (PROBE_SHARE * plain)))
 
     def observe(self, r: Round) -> None:
         super().observe(r)
@@ -372,6 +390,12 @@ class Adaptive(Policy):
             every = self.probe_every[r.proposer]
             self.probe_every[r.proposer] = (self.planner.probe_every if r.accepted
                                             else min(every * 2, self.planner.probe_max))
+
+
+def _dear(p: Proposer, costs: Costs) -> bool:
+    """Its step costs more than a tenth of a verification: the target with layers skipped, a
+    draft model; not a head, Medusa's heads or a lookup."""
+    return costs.propose_s(p, 1) - costs.propose_s(p, 0) > 0.1 * costs.verify(0)
 
 
 def _best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[int, float]:
