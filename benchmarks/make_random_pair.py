@@ -16,10 +16,10 @@ Presets (`--target`/`--draft`) are the published config.json values of: llama-8b
 (Llama-3.1-8B), llama-70b (Llama-3.1-70B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b,
 gemma2-9b, gemma2-2b (Gemma 2), gemma3-12b (Gemma 3 12B's language model, as a text-only
 checkpoint), gemma3-1b, gemma3-270m, phi4-mini (Phi-4-mini-instruct), phi3-mini
-(Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped KV heads, tied embeddings, RoPE scaling, sliding windows and soft caps included. `--scale s`
-multiplies the layer count, the heads (head_dim and the query/KV grouping kept), the width and
-the MLP width by s, for tests on small machines; the vocabulary stays real unless --vocab-size
-says otherwise. Weights are bfloat16 safetensors, sharded at --shard-gb with a
+(Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped KV heads, tied embeddings, RoPE
+scaling, sliding windows and soft caps included. `--scale s` multiplies the layer count, the
+heads (head_dim and the query/KV grouping kept), the width and the MLP width by s, for tests on
+small machines; the vocabulary stays real unless --vocab-size says otherwise. Weights are bfloat16 safetensors, sharded at --shard-gb with a
 model.safetensors.index.json (the full 8B target is about 16 GB on disk, the 1B draft about 2.5
 GB); each tensor is generated and written shard by shard, so memory stays near one shard. The
 tensor names and shapes are those transformers' own model class has for the config.

@@ -75,10 +75,9 @@ def memory_needed(t: ModelArgs, args, slots: int, max_len: int,
     """Bytes at the peak of a step, by part (as checks.memory_needed for a draft): the head in
     float32 with AdamW, per TTT step what autograd keeps (the layer's activations in `dtype`:
     bf16 under autocast on CUDA, float32 on the CPU; its scores against step 0's keys in float32
-    three times over: scores, softmax, the bf16 copy;
-    the logits and log-probabilities when the step's tokens fit in one chunk), the teacher's
-    outputs and one layer of its forward, one chunk of logits being computed; the
-    measurement's KV pool comes on top while it runs."""
+    three times over: scores, softmax, the bf16 copy; the logits and log-probabilities when the
+    step's tokens fit in one chunk), the teacher's outputs and one layer of its forward, one
+    chunk of logits being computed; the measurement's KV pool comes on top while it runs."""
     elem = torch.empty((), dtype=dtype).element_size()
     tokens = args.batch * args.seq_len
     h, i = t.hidden_size, t.intermediate_size

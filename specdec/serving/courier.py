@@ -29,8 +29,9 @@ class Courier:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="courier") if threaded else None
 
     def post(self, fn: Callable, *args, **kwargs) -> None:
-        """fn(*args, **kwargs) after everything posted before it; a failure is logged, not raised: the
-        caller has moved on (a request whose client is gone ends on its cancellation)."""
+        """fn(*args, **kwargs) after everything posted before it; a failure is logged, not
+        raised: the caller has moved on (a request whose client is gone ends on its
+        cancellation)."""
         if self._pool is None:
             fn(*args, **kwargs)
             return

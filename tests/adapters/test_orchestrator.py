@@ -88,7 +88,8 @@ def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, te
         ids = output_ids(plain)
         assert len(ids) == 24
         assert output_ids(streamed) == ids
-        assert ids == local_reference(checkpoints, p, 24, 3, SamplingParams(temperature, 0, 1.0, 1234))
+        assert ids == local_reference(checkpoints, p, 24, 3,
+                                      SamplingParams(temperature, 0, 1.0, 1234))
         last = streamed.sender.responses()[-1]
         assert finish_reason(last) == "length" and bool(out(last, names.IS_FINAL)[0])
         assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == 24

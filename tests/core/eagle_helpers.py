@@ -21,8 +21,8 @@ from specdec.weights import load_model
 
 SEQUENCES, NEW_TOKENS, STEPS = 512, 48, 400
 BATCH = 8   # train_head's default batch
-# (target, steps, seed) -> a head trained in this process: a minute and a half of one core on
-# the CI machine, and several modules train the same one (the session's pair_dir target).
+# (target, steps, seed) -> a head trained in this process: half a minute of one core on the CI
+# machine, and several modules train the same one (the session's pair_dir target).
 _trained: dict[tuple[str, int, int], Path] = {}
 # The head the session's pair_dir target trains (training is deterministic), with the sha256
 # of the target's weights it was trained for: a target of other weights trains its own.
@@ -34,8 +34,9 @@ def trained_head_dir(target_dir: Path, out_dir: Path, steps: int = STEPS, seed: 
     """Trains a head for the target at `target_dir` (e.g. make_checkpoint(dir,
     "llama3_gqa_tied")) on SEQUENCES of its own continuations of random prompts (fewer where
     `steps` x BATCH are fewer), half greedy and half sampled, and writes it to `out_dir`
-    (speculators format, float32, without the target's embedding). On the tiny llama3_gqa_tied target its greedy acceptance at K=4 is about 0.25 on
-    held-out greedy continuations (0.32 at the first draft position). Deterministic for a seed."""
+    (speculators format, float32, without the target's embedding). On the tiny llama3_gqa_tied
+    target its greedy acceptance at K=4 is about 0.25 on held-out greedy continuations (0.32 at
+    the first draft position). Deterministic for a seed."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file():
         return out_dir
