@@ -60,6 +60,11 @@ GEMMA2 = dict(model_type="gemma2", vocab_size=256000, head_dim=256, max_position
               query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
               final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
               rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
+# What Gemma 3's text releases share (the 1B's and 270M's window, context and vocabulary).
+GEMMA3 = dict(model_type="gemma3_text", vocab_size=262144, head_dim=256,
+              max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
+              sliding_window_pattern=6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+              hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True)
 PRESETS = {
     # meta-llama/Llama-3.1-8B config.json
     "llama-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32,
@@ -99,29 +104,15 @@ PRESETS = {
     # google/gemma-3-12b-it's text_config and google/gemma-3-1b-it (five windowed layers per
     # global one; local RoPE base 10k, global 1M with linear scaling x8 on 12B). The 12B release
     # is an image-text checkpoint whose language model has this shape and vocabulary 262208.
-    "gemma3-12b": dict(model_type="gemma3_text", hidden_size=3840, num_hidden_layers=48,
-                       num_attention_heads=16, num_key_value_heads=8, intermediate_size=15360,
-                       vocab_size=262208, head_dim=256, max_position_embeddings=131072,
-                       query_pre_attn_scalar=256, sliding_window=1024, sliding_window_pattern=6,
-                       rope_theta=1000000.0, rope_local_base_freq=10000.0,
-                       rope_scaling=dict(rope_type="linear", factor=8.0),
-                       hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                       tie_word_embeddings=True),
-    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26,
-                      num_attention_heads=4, num_key_value_heads=1, intermediate_size=6912,
-                      vocab_size=262144, head_dim=256, max_position_embeddings=32768,
-                      query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
-                      rope_theta=1000000.0, rope_local_base_freq=10000.0,
-                      hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                      tie_word_embeddings=True),
+    "gemma3-12b": dict(GEMMA3, hidden_size=3840, num_hidden_layers=48, num_attention_heads=16,
+                       num_key_value_heads=8, intermediate_size=15360, vocab_size=262208,
+                       max_position_embeddings=131072, sliding_window=1024,
+                       rope_scaling=dict(rope_type="linear", factor=8.0)),
+    "gemma3-1b": dict(GEMMA3, hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+                      num_key_value_heads=1, intermediate_size=6912),
     # google/gemma-3-270m: the family's smallest draft, its embedding half the 1B's
-    "gemma3-270m": dict(model_type="gemma3_text", hidden_size=640, num_hidden_layers=18,
-                        num_attention_heads=4, num_key_value_heads=1, intermediate_size=2048,
-                        vocab_size=262144, head_dim=256, max_position_embeddings=32768,
-                        query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
-                        rope_theta=1000000.0, rope_local_base_freq=10000.0,
-                        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                        tie_word_embeddings=True),
+    "gemma3-270m": dict(GEMMA3, hidden_size=640, num_hidden_layers=18, num_attention_heads=4,
+                        num_key_value_heads=1, intermediate_size=2048),
     # microsoft/Phi-4-mini-instruct (fused qkv and gate_up, 3/4 of each head rotates, LongRoPE)
     # and microsoft/Phi-3-mini-4k-instruct (a 2047-token window on every layer)
     "phi4-mini": dict(model_type="phi3", hidden_size=3072, num_hidden_layers=32,
