@@ -9,7 +9,8 @@ One family served: the served path is the in-process engine (tests/core/test_fam
 checks every family there, Qwen3 among them) behind the same tokenizer; Gemma 3 is the one
 furthest from Llama (the largest vocabulary, windows, local RoPE, scaled embeddings). A Qwen3
 pair served the same way took 60 s of CI for nothing the other tests miss; a Llama 3 shape is
-served by test_eagle_real_shape.py and test_tensor_parallel.py."""
+served by test_eagle_real_shape.py and test_tensor_parallel.py. The pair reads the embedded
+tokenizer, so the OpenAI gateway over it is test_openai.py's."""
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import transformers
 
 from specdec.config import ModelArgs
 from specdec_client import GenerationParams, generate
-from tests.e2e.conftest import heldout_prompts, launch, start_gateway
+from tests.e2e.conftest import heldout_prompts, launch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import make_random_pair  # noqa: E402
@@ -61,7 +62,7 @@ def family_server(request, tmp_path_factory):
         yield request.param, target, server
 
 
-def test_real_shape_family_is_served_exactly(family_server, tmp_path_factory):
+def test_real_shape_family_is_served_exactly(family_server):
     family, target, server = family_server
     args = ModelArgs.from_dir(target)
     assert args.model_type == {"gemma3": "gemma3_text"}[family]
@@ -77,7 +78,9 @@ def test_real_shape_family_is_served_exactly(family_server, tmp_path_factory):
         tokens = out[0, len(ids):].tolist()
         want = tokenizer.decode(tokens)
         assert want.strip(), "the readable pair should decode to text"
-        for k, proposer in ((4, "draft"), (4, "eagle"), (0, None)):
+        # The random head's rounds are the slowest here (5 s a prompt): one prompt shows it.
+        settings = ((4, "draft"), (4, "eagle"), (0, None)) if not wants else ((4, "draft"),)
+        for k, proposer in settings:
             got = generate(server.http, prompt, GenerationParams(
                 max_tokens=MAX_TOKENS, temperature=0.0, num_draft_tokens=k, proposer=proposer))
             assert got.text == want, (family, k, proposer, prompt)
@@ -85,16 +88,3 @@ def test_real_shape_family_is_served_exactly(family_server, tmp_path_factory):
             assert (got.total_draft_tokens > 0) == (k > 0)
         wants.append(want)
     assert server.metric("specdec_bls_calls_per_round", proposer="eagle") == 1.0
-    # The OpenAI gateway tokenizes and detokenizes itself (docs/openai.md): the same text.
-    openai = pytest.importorskip("openai")
-    proc, url = start_gateway(server.grpc, target, tmp_path_factory)
-    try:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        served = client.models.list().data[0].id
-        for prompt, want in zip(PROMPTS, wants):
-            r = client.completions.create(model=served, prompt=prompt, max_tokens=MAX_TOKENS,
-                                          temperature=0, extra_body={"num_draft_tokens": 4})
-            assert r.choices[0].text == want, (family, prompt)
-    finally:
-        proc.terminate()
-        proc.wait(30)
