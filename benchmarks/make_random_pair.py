@@ -19,10 +19,11 @@ checkpoint), gemma3-1b, gemma3-270m, phi4-mini (Phi-4-mini-instruct), phi3-mini
 (Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped KV heads, tied embeddings, RoPE
 scaling, sliding windows and soft caps included. `--scale s` multiplies the layer count, the
 heads (head_dim and the query/KV grouping kept), the width and the MLP width by s, for tests on
-small machines; the vocabulary stays real unless --vocab-size says otherwise. Weights are bfloat16 safetensors, sharded at --shard-gb with a
-model.safetensors.index.json (the full 8B target is about 16 GB on disk, the 1B draft about 2.5
-GB); each tensor is generated and written shard by shard, so memory stays near one shard. The
-tensor names and shapes are those transformers' own model class has for the config.
+small machines; the vocabulary stays real unless --vocab-size says otherwise. Weights are
+bfloat16 safetensors, sharded at --shard-gb with a model.safetensors.index.json (the full 8B
+target is about 16 GB on disk, the 1B draft about 2.5 GB); each tensor is generated and written
+shard by shard, so memory stays near one shard. The tensor names and shapes are those
+transformers' own model class has for the config.
 
 The tokenizer files are copied from --tokenizer-from (default the embedded models/default/target):
 its ids (4096 of them) are all valid inputs; ids the model emits beyond them decode to nothing,

@@ -322,7 +322,7 @@ class Adaptive(Policy):
             # what the estimates say is the lesser proposal (a lookup's text drafted with a
             # draft model's BLS call for one token, every few rounds of copying).
             self.off_rounds[q] += 1
-            if self.off_rounds[q] >= self._probe_every(q, costs) and not own \
+            if not own and self.off_rounds[q] >= self._probe_every(q, costs) \
                     and _best([1.0] * kmax, costs, q)[0]:
                 self.off_rounds[q], self.probe = 0, q
                 k, p = (1 if q == Proposer.DRAFT else kmax), q
@@ -360,7 +360,7 @@ class Adaptive(Policy):
             # only for the round that will probe it, or every round would pay a step for drafts
             # thrown away. A head's step is cheap: it drafts one every round, ready to probe.
             self.idle_ahead += 1
-            every = self._probe_every(p, costs)
+            every = self._spread(p, costs)
             if self.idle_ahead < every:
                 return 0
             self.idle_ahead = 0
@@ -374,8 +374,10 @@ class Adaptive(Policy):
         no fewer than keep the batch's probes (every row's, each adding a one-token round's
         extra to the batch) within PROBE_SHARE of its time. A cheap step's probes cost less
         than that share's resolution (a head drafts one every round anyway)."""
-        if not _dear(p, costs):
-            return self.probe_every[p]
+        return self._spread(p, costs) if _dear(p, costs) else self.probe_every[p]
+
+    def _spread(self, p: Proposer, costs: Costs) -> int:
+        """A dear p's rounds between probes: its backoff, at least the batch's share."""
         plain = max(costs.round_s(None, 0), 1e-9)
         extra = max(costs.round_s(p, 1) - plain, 0.0)
         rows = max(1, self.planner.active)
