@@ -1,7 +1,8 @@
 """What each engine call costs at a pair's shape, in this process, on this device: the target's
-one-token step, its verification of K drafts, the draft model's proposal of K tokens and the
-EAGLE-3 head's catch-up and K drafts inside a verification; at several batch sizes, with and
-without CUDA graphs (on CUDA). Then the speedups those costs imply at given acceptance, marked
+one-token step, its verification of K drafts, the draft model's proposal of K tokens, and the
+part of a verification that drafts the next round in the target's process: an EAGLE-3 head's
+catch-up and K drafts, SWIFT's (the target less `--self-skip`), random Medusa-1 heads'
+(`--medusa-heads`); at several batch sizes, with and without CUDA graphs (on CUDA). Then the speedups those costs imply at given acceptance, marked
 as implied: with random weights (benchmarks/make_random_pair.py) acceptance means nothing, the
 costs are real. In process: a server round adds its BLS calls and the orchestrator.
 
@@ -11,10 +12,11 @@ costs are real. In process: a server round adds its BLS calls and the orchestrat
 
 Every timed call is greedy on rows of `--context` cached tokens, rolled back to the same place
 before each call, its drafts the target's own greedy continuation (all accepted: the head then
-catches up K + 1 positions, its most). Ratios are to the one-token step at the same batch:
-verify(K) = the verification's cost in steps; the draft model's proposal and the head's part of
-a verification (with the head's catch-up and K drafts, less the plain verification) as a
-least-squares line over K, in steps: fixed + per drafted token (the per-token part is c).
+catches up K + 1 positions, its most; SWIFT's cache too). Ratios are to the one-token step at
+the same batch: verify(K) = the verification's cost in steps; the draft model's proposal and an
+in-target drafter's part of a verification (the verification that also drafts K, less the plain
+one) as a least-squares line over K, in steps: fixed + per drafted token (the per-token part is
+c).
 """
 from __future__ import annotations
 
@@ -34,12 +36,19 @@ sys.path.insert(0, str(ROOT))
 
 from specdec.eagle.checkpoint import load_head  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
-from specdec.records import ProposeCall, VerifyCall  # noqa: E402
+from specdec.in_target import ColocatedDraft  # noqa: E402
+from specdec.medusa.config import MedusaArgs  # noqa: E402
+from specdec.medusa.drafting import MedusaDrafter  # noqa: E402
+from specdec.medusa.head import MedusaHead  # noqa: E402
+from specdec.records import Proposer, ProposeCall, VerifyCall  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.swift import SkipView, parse_skip  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
 
 GREEDY = SamplingParams()
 DEFAULT_HEAD = ROOT / "models" / "default" / "eagle"
+# The drafters timed inside a verification, by the key their figures carry (head_verify_ms...).
+IN_TARGET = {"head": Proposer.EAGLE, "self": Proposer.SELF, "medusa": Proposer.MEDUSA}
 
 
 def _ints(s: str) -> list[int]:
@@ -75,20 +84,21 @@ class Rows:
     """B sequences of `context` cached tokens, their next token and greedy continuation."""
 
     def __init__(self, engine: Engine, first_id: int, b: int, context: int, k_max: int,
-                 vocab: int, seed: int, head: bool):
+                 vocab: int, seed: int, by: Proposer | None = None):
+        """by: the in-target drafter that follows each verification (a head catches up)."""
         gen = torch.Generator().manual_seed(seed)
         self.ids = list(range(first_id, first_id + b))
-        self.context = context
-        nk = 1 if head else None
+        self.context, self.by = context, by or Proposer.EAGLE
+        nk = 1 if by else None
         prompts = [torch.randint(1, vocab, (context,), generator=gen).tolist() for _ in self.ids]
-        out = engine.verify([VerifyCall(s, 0, p, [], None, GREEDY, next_k=nk, next_by="eagle")
+        out = engine.verify([VerifyCall(s, 0, p, [], None, GREEDY, next_k=nk, next_by=self.by)
                              for s, p in zip(self.ids, prompts)])
         self.next = [v.tokens[0] for v in out]
         conts = [[] for _ in self.ids]
         last = list(self.next)
         for j in range(k_max):    # one token at a time: the continuation the drafts will be
             out = engine.verify([VerifyCall(s, context + j, [t], [], None, GREEDY, next_k=nk,
-                                            next_by="eagle")
+                                            next_by=self.by)
                                  for s, t in zip(self.ids, last)])
             last = [v.tokens[0] for v in out]
             for c, t in zip(conts, last):
@@ -97,25 +107,38 @@ class Rows:
 
     def verify(self, engine: Engine, k: int, next_k: int | None = None):
         return engine.verify([VerifyCall(s, self.context, [t], c[:k], None, GREEDY,
-                                         next_k=next_k, next_by="eagle")
+                                         next_k=next_k, next_by=self.by)
                               for s, t, c in zip(self.ids, self.next, self.conts)])
 
 
-def target_costs(model, head, args, device: torch.device, graphs: bool, invariant: bool,
-                 timer: Timer) -> dict:
-    """Per batch size: the one-token step (ms), verify(K) in steps, and with a head its part of
-    the verification. The plain engine first: the head's engine makes the model capture.
-    invariant: the batch-invariant arithmetic (specdec/invariant.py; served by default in
-    bf16); it stays on the model once set."""
+def target_costs(model, head, medusa, args, device: torch.device, graphs: bool,
+                 invariant: bool, timer: Timer) -> dict:
+    """Per batch size: the one-token step (ms), verify(K) in steps, and each in-target
+    drafter's verification (a head, SWIFT, Medusa heads). The plain engine first: the head's
+    engine makes the model capture. invariant: the batch-invariant arithmetic
+    (specdec/invariant.py; served by default in bf16); it stays on the model once set."""
     max_len = args.context + 3 * max(args.ks) + 4
-    out = _plain(Engine(model, max(args.batches), max_len, device, cuda_graphs=graphs,
-                        batch_invariant=invariant), args, timer)
+
+    def engine(**kw) -> Engine:
+        return Engine(model, max(args.batches), max_len, device, cuda_graphs=graphs,
+                      batch_invariant=invariant, **kw)
+    out = _plain(engine(), args, timer)
     if head is not None:
         try:
-            _fused(Engine(model, max(args.batches), max_len, device, cuda_graphs=graphs,
-                          head=head, batch_invariant=invariant), args, timer, out)
+            _in_target(engine(head=head), "head", args.ks, args, timer, out)
         finally:
             model.capture = ()
+    if args.self_skip:    # as serving/drafters.py attaches it: its own pool of the kept layers
+        e = engine()
+        e.add_drafter(Proposer.SELF, ColocatedDraft(Engine(
+            SkipView(model, args.self_skip), max(args.batches), max_len, device,
+            vocab_size=e.vocab_size, cuda_graphs=graphs, batch_invariant=invariant)))
+        _in_target(e, "self", args.ks, args, timer, out)
+    if medusa is not None:
+        e = engine()
+        e.add_drafter(Proposer.MEDUSA, MedusaDrafter(medusa, e.vocab_size))
+        _in_target(e, "medusa", [k for k in args.ks if k <= medusa.args.num_heads], args, timer,
+                   out)
     return out
 
 
@@ -131,15 +154,15 @@ def _plain(engine: Engine, args, timer: Timer) -> dict:
     return out
 
 
-def _fused(engine: Engine, args, timer: Timer, out: dict) -> None:
+def _in_target(engine: Engine, who: str, ks: list[int], args, timer: Timer, out: dict) -> None:
+    """The verification of K drafts that also drafts K for the next round, by drafter `who`."""
     k_max = max(args.ks)
     for b in args.batches:
-        rows = Rows(engine, 1, b, args.context, k_max, args.vocab, args.seed + b, True)
-        # All accepted, the head's most catch-up, unless a verification of K + 1 tokens scores
+        rows = Rows(engine, 1, b, args.context, k_max, args.vocab, args.seed + b, IN_TARGET[who])
+        # All accepted, a head's most catch-up, unless a verification of K + 1 tokens scores
         # a near-tie otherwise than the one-token steps did (arithmetic not batch-invariant).
-        out[b]["head_accepted"] = min(r.num_accepted for r in rows.verify(engine, k_max))
-        out[b]["head_verify_ms"] = {k: timer(lambda k=k: rows.verify(engine, k, k))
-                                    for k in args.ks}
+        out[b][f"{who}_accepted"] = min(r.num_accepted for r in rows.verify(engine, k_max))
+        out[b][f"{who}_verify_ms"] = {k: timer(lambda k=k: rows.verify(engine, k, k)) for k in ks}
         engine.release(rows.ids)
 
 
@@ -182,25 +205,33 @@ def fits(row: dict) -> None:
     if "propose_ms" in row:
         f, per = line(row["propose_ms"])
         row["draft_fixed_steps"], row["draft_per_token_steps"] = f / step, per / step
-    if "head_verify_ms" in row:
-        extra = {k: row["head_verify_ms"][k] - row["verify_ms"][k] for k in row["verify_ms"]}
-        f, per = line(extra)
-        row["head_fixed_steps"], row["head_per_token_steps"] = f / step, per / step
+    for who in IN_TARGET:
+        if f"{who}_verify_ms" in row:
+            extra = {k: ms - row["verify_ms"][k] for k, ms in row[f"{who}_verify_ms"].items()}
+            f, per = line(extra)
+            row[f"{who}_fixed_steps"], row[f"{who}_per_token_steps"] = f / step, per / step
 
 
 def implied(row: dict, ks: list[int], acceptances: list[float], lengths: list[float]) -> dict:
     """Speedups over the target alone in process that the costs imply (not measured): the draft
-    model at acceptance a per token (its best K; tokens a round (1 - a^(K+1)) / (1 - a)); the
-    head at L tokens a round (committed, bonus included), at each K."""
+    model, SWIFT and Medusa heads at acceptance a per token (the best K; tokens a round
+    (1 - a^(K+1)) / (1 - a)); the head at L tokens a round (committed, bonus included), at
+    each K."""
     out = {}
+    step = row["step_ms"]
+    rounds = {}    # a round's cost in steps at each K: verify and draft
     if "propose_ms" in row:
-        c = {k: row["propose_ms"][k] / row["step_ms"] for k in ks}      # steps per proposal
+        rounds["draft"] = {k: row["verify_steps"][k] + row["propose_ms"][k] / step for k in ks}
+    for who in ("self", "medusa"):
+        if f"{who}_verify_ms" in row:
+            rounds[who] = {k: ms / step for k, ms in row[f"{who}_verify_ms"].items()}
+    for who, cost in rounds.items():
         best = {}
         for a in acceptances:
-            s = {k: (1 - a ** (k + 1)) / (1 - a) / (row["verify_steps"][k] + c[k]) for k in ks}
+            s = {k: (1 - a ** (k + 1)) / (1 - a) / c for k, c in cost.items()}
             k = max(s, key=s.get)
             best[a] = {"k": k, "speedup": s[k]}
-        out["draft"] = best
+        out[who] = best
     if "head_verify_ms" in row:
         out["head"] = {length: {k: length / (row["head_verify_ms"][k] / row["step_ms"])
                                 for k in ks} for length in lengths}
@@ -211,28 +242,29 @@ def table(results: dict, args) -> str:
     lines = []
     for key, per_b in results["runs"].items():
         lines.append(f"\n{key}")
-        head = any("head_verify_ms" in r for r in per_b.values())
+        whos = ["draft"] + [w for w in IN_TARGET
+                            if any(f"{w}_verify_ms" in r for r in per_b.values())]
         cols = ["batch", "step ms"] + [f"verify K={k}" for k in args.ks] + \
-            ["draft: fixed + per token"] + (["head: fixed + per token"] if head else [])
+            [f"{who}: fixed + per token" for who in whos]
         lines.append("| " + " | ".join(cols) + " |")
         lines.append("|" + "---:|" * len(cols))
         for b, r in per_b.items():
             cells = [str(b), f"{r['step_ms']:.3f}"]
             cells += [f"{r['verify_steps'][k]:.2f}" for k in args.ks]
-            for who in ("draft",) + (("head",) if head else ()):
+            for who in whos:
                 cells.append(f"{r[who + '_fixed_steps']:.3f} + {r[who + '_per_token_steps']:.3f}"
                              if who + "_fixed_steps" in r else "-")
             lines.append("| " + " | ".join(cells) + " |")
-            if r.get("head_accepted", max(args.ks)) < max(args.ks):
-                lines.append(f"(batch {b}: the head's catch-up after {r['head_accepted']} of "
-                             f"{max(args.ks)} accepted, not all)")
+            for who in IN_TARGET:
+                if r.get(f"{who}_accepted", max(args.ks)) < max(args.ks):
+                    lines.append(f"(batch {b}: {who}'s catch-up after {r[who + '_accepted']} of "
+                                 f"{max(args.ks)} accepted, not all)")
         lines.append("implied (not measured), in process:")
         for b, r in per_b.items():
             imp = r["implied"]
-            parts = []
-            if "draft" in imp:
-                parts.append("draft " + ", ".join(
-                    f"a={a}: {v['speedup']:.2f}x (K={v['k']})" for a, v in imp["draft"].items()))
+            parts = [f"{who} " + ", ".join(f"a={a}: {v['speedup']:.2f}x (K={v['k']})"
+                                           for a, v in imp[who].items())
+                     for who in ("draft", "self", "medusa") if who in imp]
             if "head" in imp:
                 k = args.head_k if args.head_k in args.ks else args.ks[-1]
                 parts.append(f"head K={k} " + ", ".join(
@@ -250,6 +282,10 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
     ap.add_argument("--head", type=Path, default=DEFAULT_HEAD, help="'none': no head")
+    ap.add_argument("--self-skip", default="", help="SWIFT: the target's layers to skip, e.g. "
+                    "'2,4,6' or '8-23' (default: SWIFT not timed)")
+    ap.add_argument("--medusa-heads", type=int, default=0,
+                    help="random Medusa-1 heads (one residual block each) at the target's shape")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
                     default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU")
@@ -288,6 +324,17 @@ def main(argv=None) -> int:
     args.vocab = model.args.vocab_size
     head = None if str(args.head) == "none" else load_head(args.head, model, dtype, device)
     draft = None if str(args.draft) == "none" else load_model(str(args.draft), dtype, device)
+    try:
+        args.self_skip = parse_skip(args.self_skip, model.args.num_layers, "--self-skip") \
+            if args.self_skip else ()
+    except ValueError as e:
+        ap.error(str(e))
+    medusa = None
+    if args.medusa_heads:   # built on the device: 4 heads at 8B are 2.1 G parameters
+        torch.manual_seed(args.seed)
+        with device:
+            medusa = MedusaHead(MedusaArgs(args.medusa_heads, 1, model.args.hidden_size,
+                                           model.args.vocab_size)).to(dtype).eval()
     print(f"loaded in {time.perf_counter() - t0:.0f} s on {_device_name(device)}, {dtype}",
           file=sys.stderr, flush=True)
     timer = Timer(device, args.warmup, args.calls)
@@ -300,7 +347,7 @@ def main(argv=None) -> int:
     for invariant, graphs in ((i, g) for i in invariants for g in settings):
         key = f"CUDA graphs {'on' if graphs else 'off'}" + (", invariant" if invariant else "")
         t1 = time.perf_counter()
-        per_b = target_costs(model, head, args, device, graphs, invariant, timer)
+        per_b = target_costs(model, head, medusa, args, device, graphs, invariant, timer)
         if draft is not None and not invariant:   # the draft's arithmetic is not the target's
             for b, r in draft_costs(draft, args, device, graphs, timer).items():
                 per_b[b].update(r)

@@ -173,6 +173,26 @@ def test_random_head_and_the_costs_script_on_a_scaled_pair(tmp_path, capsys):
     assert "head: fixed + per token" in printed and "implied (not measured)" in printed
 
 
+def test_costs_times_swift_and_medusa_inside_the_verification(tmp_path, capsys):
+    """--self-skip and --medusa-heads: each in-target drafter's verification of K that also
+    drafts K (Medusa's K no more than its heads), its line over K and the speedups it implies."""
+    import costs
+
+    out = tmp_path / "costs.json"
+    assert costs.main(["--batches", "1,2", "--ks", "1,3", "--context", "16", "--calls", "1",
+                       "--warmup", "0", "--threads", "1", "--draft", "none", "--head", "none",
+                       "--self-skip", "1-2", "--medusa-heads", "2", "--json", str(out)]) == 0
+    for r in json.loads(out.read_text())["runs"]["CUDA graphs off"].values():
+        assert set(r["self_verify_ms"]) == {"1", "3"} and set(r["medusa_verify_ms"]) == {"1"}
+        assert all(v > 0 for v in r["self_verify_ms"].values())
+        assert {"self_per_token_steps", "medusa_per_token_steps"} <= set(r)
+        assert set(r["implied"]) == {"self", "medusa"}
+        assert r["implied"]["medusa"]["0.8"]["k"] == 1
+    with pytest.raises(SystemExit):
+        costs.main(["--draft", "none", "--head", "none", "--self-skip", "0"])
+    assert "--self-skip='0': layer 0 is never skipped" in capsys.readouterr().err
+
+
 def test_compare_plans_the_load_part_at_the_streams_and_k_asked(tmp_path):
     import compare
 
