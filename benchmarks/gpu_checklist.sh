@@ -5,8 +5,8 @@
 # (acceptance means nothing; the costs are real). Figures and logs are packed into
 # $OUT/checklist-PART.tgz after every step (else gpu-out/).
 #
-#   bash benchmarks/gpu_checklist.sh costs     # items 2, 4 (+ SWIFT, Medusa), 1 at 8B: 9.5 min
-#   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair: about 5.5 minutes
+#   bash benchmarks/gpu_checklist.sh costs     # items 2, 4 (+ SWIFT, Medusa), 1 at 8B: 6.5 min
+#   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair: 1.5 min (H100)
 #   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
 #   bash benchmarks/gpu_checklist.sh tp        # issue 30: tensor parallelism at 70B's shape,
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
