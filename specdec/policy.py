@@ -80,6 +80,10 @@ class Planner:
         self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
         self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in DRAFTING}
         self.mean_k = float(max_k)   # k of the rounds that drafted, all rows (a moving average)
+        # Seconds a probe's proposal took (a moving average per proposer): an off drafter's
+        # cache follows nothing, so its probe first catches up on every token since it was last
+        # used (SWIFT re-reads them through its kept layers).
+        self.probe_s = {p: 0.0 for p in DRAFTING}
         self.costs = [Costs.prior(prior, self.in_target) for _ in range(_LEVELS)]
         self.frozen_costs = Costs.prior(prior, self.in_target)
         self.active = 0
@@ -377,9 +381,14 @@ class Adaptive(Policy):
         return self._spread(p, costs) if _dear(p, costs) else self.probe_every[p]
 
     def _spread(self, p: Proposer, costs: Costs) -> int:
-        """A dear p's rounds between probes: its backoff, at least the batch's share."""
+        """A dear p's rounds between probes: its backoff, at least the batch's share. A probe
+        costs a one-token round's extra, or what p's probes took where that is more (their
+        catch-up; a frozen policy's choices depend on its own history only: the cost model
+        alone)."""
         plain = max(costs.round_s(None, 0), 1e-9)
         extra = max(costs.round_s(p, 1) - plain, 0.0)
+        if not self.frozen:
+            extra = max(extra, self.planner.probe_s[p])
         rows = max(1, self.planner.active)
         return max(self.probe_every[p], math.ceil(rows * extra / (PROBE_SHARE * plain)))
 
@@ -387,6 +396,9 @@ class Adaptive(Policy):
         super().observe(r)
         if r.failure or not r.k:
             return
+        if self.probe == r.proposer:
+            probe_s = self.planner.probe_s
+            probe_s[r.proposer] += 0.5 * (r.draft_s - probe_s[r.proposer])
         self.own[r.proposer].add(r.k, r.accepted)
         if self.probe == r.proposer:   # back off while probes fail; a passing one resets
             every = self.probe_every[r.proposer]

@@ -290,6 +290,32 @@ def test_an_off_proposers_probes_keep_within_their_share_of_a_batchs_time():
     assert cheap > 4 * dear, (cheap, dear)
 
 
+def test_a_probe_that_catches_up_on_the_sequence_is_spaced_by_what_it_took():
+    """SWIFT off follows nothing, so its probe first re-reads every token since it was last
+    used, which the cost model's one-token step leaves out: the probes are spaced by what they
+    took, within the batch's share; by the step alone they would spend twice that."""
+    from specdec.policy import PROBE_SHARE
+
+    def probes(probe_s: float, rounds: int = 2000) -> int:
+        prior = PriorCosts(verify_call=0.008, verify_token=0.0, other=0.0, self_token=0.0076)
+        planner = Planner(8, prior=prior, proposers=("self",), in_target=("self",))
+        pol = planner.open(8, auto=True, proposers=("self",))
+        for _ in range(50):   # it never pays: off
+            pol.observe(Round(1, 0, 0.0076, 0.008, 0.0, False, 0, None, 8, None, "self"))
+        n = 0
+        for _ in range(rounds):
+            c = pol.choose(8, {"self": pol.lookahead(8)})
+            n += c.k > 0
+            pol.observe(Round(c.k, 0, probe_s if c.k else 0.0, 0.008, 0.0, False, 1, None, 8,
+                              c.reason, "self"))
+        return n
+
+    share = 1.5 * PROBE_SHARE * 2000 * 0.008   # seconds of probes the share allows, and some
+    one_step = probes(0.0076)
+    catching_up = probes(0.05)   # six verifications' time
+    assert 0 < catching_up * 0.05 <= share < one_step * 0.05, (one_step, catching_up)
+
+
 def test_a_proposer_that_pays_is_not_probed_where_another_wins():
     """Copying prose: long runs of rounds with a lookup match, the draft model in between. The
     draft pays where it is chosen, so a round where the lookup wins is not spent on a one-token
