@@ -2,9 +2,10 @@
 one-token step, its verification of K drafts, the draft model's proposal of K tokens, and the
 part of a verification that drafts the next round in the target's process: an EAGLE-3 head's
 catch-up and K drafts, SWIFT's (the target less `--self-skip`), random Medusa-1 heads'
-(`--medusa-heads`); at several batch sizes, with and without CUDA graphs (on CUDA). Then the speedups those costs imply at given acceptance, marked
-as implied: with random weights (benchmarks/make_random_pair.py) acceptance means nothing, the
-costs are real. In process: a server round adds its BLS calls and the orchestrator.
+(`--medusa-heads`); at several batch sizes, with and without CUDA graphs (on CUDA). Then the
+speedups those costs imply at given acceptance, marked as implied: with random weights
+(benchmarks/make_random_pair.py) acceptance means nothing, the costs are real. In process: a
+server round adds its BLS calls and the orchestrator.
 
     .venv/bin/python benchmarks/costs.py                       # the default pair and head, CPU
     python3 benchmarks/make_random_pair.py --out /tmp/rp --head  # Llama-3.1-8B/3.2-1B shapes

@@ -40,7 +40,8 @@ costs)
     # their costs in process, CUDA graphs on (off was measured on the H200: 2.3x slower). With
     # the invariance on, each batch's head_accepted is the 8B target's end-to-end check.
     stamp "random pair and head"
-    timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head 2>&1 | tail -4
+    timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head 2>&1 \
+        | tail -4
     stamp "costs"
     skip=${SELF_SKIP:-2,4,6,8,10,12,14,16,18,20,22,24,26,28}
     timeout 200 $py benchmarks/costs.py --pair "$pair" --calls "${CALLS:-10}" --warmup 3 \
