@@ -155,6 +155,12 @@ def from_costs(path: Path, prefill: list[float], run: str | None) -> dict:
     name = run or ("CUDA graphs on" if "CUDA graphs on" in runs else next(iter(runs)))
     keep = ("step_ms", "verify_ms", "propose_ms", "head_verify_ms")
     batches = {b: {k: v for k, v in row.items() if k in keep} for b, row in runs[name].items()}
+    # The batch-invariant arithmetic is the target's alone (costs.py times no draft under it):
+    # the draft's proposals are those of the same run without it.
+    plain = runs.get(name.replace(", invariant", ""), {})
+    for b, row in batches.items():
+        if "propose_ms" not in row and "propose_ms" in plain.get(b, {}):
+            row["propose_ms"] = plain[b]["propose_ms"]
     pre = {"target": prefill[0]}
     if len(prefill) > 1:
         pre["draft"] = prefill[1]

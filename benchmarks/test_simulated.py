@@ -102,10 +102,16 @@ def test_a_table_from_costs_output(tmp_path):
              "runs": {"CUDA graphs off": {"1": {"step_ms": 9.0, "verify_ms": {"4": 9.5}}},
                       "CUDA graphs on": {"1": {"step_ms": 7.0, "verify_ms": {"4": 7.5},
                                                "propose_ms": {"4": 4.0},
-                                               "verify_steps": {"4": 1.07}}}}}
+                                               "verify_steps": {"4": 1.07}}},
+                      "CUDA graphs on, invariant": {"1": {"step_ms": 12.0,
+                                                          "verify_ms": {"4": 12.5}}}}}
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs))
     t = sim_tables.from_costs(path, [0.03, 0.005], None)
     assert t["batches"]["1"] == {"step_ms": 7.0, "verify_ms": {"4": 7.5}, "propose_ms": {"4": 4.0}}
+    # The invariance is the target's: the draft's proposals come from the run without it.
+    t = sim_tables.from_costs(path, [0.03, 0.005], "CUDA graphs on, invariant")
+    assert t["batches"]["1"] == {"step_ms": 12.0, "verify_ms": {"4": 12.5},
+                                 "propose_ms": {"4": 4.0}}
     assert t["prefill_ms_per_token"] == {"target": 0.03, "draft": 0.005}
     sim_tables.write(t, tmp_path / "table.json")
