@@ -14,7 +14,7 @@ from loadtest.storm import markdown, storm
 from specdec_client import GenerationParams, generate, grpc_stream
 from tests.e2e.conftest import heldout_prompts, launch, wait_for
 
-STORM_S = 30
+STORM_S = 20
 THREADS = 6
 # A crash costs a restart (about 20 s on the 2-core CI machine, models reloaded) plus the
 # monitor's first exact answer; 240 s is several restarts on a busy machine.
