@@ -396,11 +396,11 @@ class Adaptive(Policy):
         super().observe(r)
         if r.failure or not r.k:
             return
-        if self.probe == r.proposer:
-            probe_s = self.planner.probe_s
-            probe_s[r.proposer] += 0.5 * (r.draft_s - probe_s[r.proposer])
         self.own[r.proposer].add(r.k, r.accepted)
-        if self.probe == r.proposer:   # back off while probes fail; a passing one resets
+        if self.probe == r.proposer:
+            probe_s = self.planner.probe_s   # what probing costs, its catch-up included
+            probe_s[r.proposer] += 0.5 * (r.draft_s - probe_s[r.proposer])
+            # Back off while probes fail; a passing one resets.
             every = self.probe_every[r.proposer]
             self.probe_every[r.proposer] = (self.planner.probe_every if r.accepted
                                             else min(every * 2, self.planner.probe_max))

@@ -293,7 +293,7 @@ def test_an_off_proposers_probes_keep_within_their_share_of_a_batchs_time():
 def test_a_probe_that_catches_up_on_the_sequence_is_spaced_by_what_it_took():
     """SWIFT off follows nothing, so its probe first re-reads every token since it was last
     used, which the cost model's one-token step leaves out: the probes are spaced by what they
-    took, within the batch's share; by the step alone they would spend twice that."""
+    took, within the batch's share; by the step alone they spent over three times it."""
     from specdec.policy import PROBE_SHARE
 
     def probes(probe_s: float, rounds: int = 2000) -> int:
