@@ -12,8 +12,11 @@
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
-# Item 3 (the same through tritonserver) needs the nvidia-pytriton wheel carried beside the
-# checkout (its libraries are 115 MB, a 55 MB wheel), which passes the tool's 64 MiB: not here.
+# Item 3 (the same through tritonserver) needs nvidia-pytriton carried beside the checkout: its
+# 55 MB wheel and the 24 MB tree pass the tool's 64 MiB, but its server alone (bin/, backends/,
+# the 3.12 stub and nvidia_pytriton.libs less the 3.13 libpython: 105 MB) is a 27 MB tar.xz
+# (measured 2026-11-26), which fits with tritonclient's wheel. Not built yet: whether the 3.12
+# stub finds a libpython3.12 there is the first thing to check on the machine.
 set -uo pipefail
 part=${1:-costs}
 # Results are written to a work folder and packed after every step into one archive under $OUT
