@@ -37,13 +37,14 @@ sys.path.insert(0, str(ROOT))
 
 from specdec.eagle.checkpoint import load_head  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
-from specdec.in_target import ColocatedDraft  # noqa: E402
 from specdec.medusa.config import MedusaArgs  # noqa: E402
 from specdec.medusa.drafting import MedusaDrafter  # noqa: E402
 from specdec.medusa.head import MedusaHead  # noqa: E402
 from specdec.records import Proposer, ProposeCall, VerifyCall  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
-from specdec.swift import SkipView, parse_skip  # noqa: E402
+from specdec.serving.drafters import attach  # noqa: E402
+from specdec.serving.settings import NO_DRAFT, EngineSettings, InTargetSettings  # noqa: E402
+from specdec.swift import parse_skip  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
 
 GREEDY = SamplingParams()
@@ -89,7 +90,7 @@ class Rows:
         """by: the in-target drafter that follows each verification (a head catches up)."""
         gen = torch.Generator().manual_seed(seed)
         self.ids = list(range(first_id, first_id + b))
-        self.context, self.by = context, by or Proposer.EAGLE
+        self.context, self.by = context, by
         nk = 1 if by else None
         prompts = [torch.randint(1, vocab, (context,), generator=gen).tolist() for _ in self.ids]
         out = engine.verify([VerifyCall(s, 0, p, [], None, GREEDY, next_k=nk, next_by=self.by)
@@ -129,11 +130,12 @@ def target_costs(model, head, medusa, args, device: torch.device, graphs: bool,
             _in_target(engine(head=head), "head", args.ks, args, timer, out)
         finally:
             model.capture = ()
-    if args.self_skip:    # as serving/drafters.py attaches it: its own pool of the kept layers
+    if args.self_skip:    # as target_model attaches it: its own pool of the kept layers
         e = engine()
-        e.add_drafter(Proposer.SELF, ColocatedDraft(Engine(
-            SkipView(model, args.self_skip), max(args.batches), max_len, device,
-            vocab_size=e.vocab_size, cuda_graphs=graphs, batch_invariant=invariant)))
+        attach(e, EngineSettings(max_sequences=max(args.batches), max_seq_len=max_len,
+                                 cuda_graphs=graphs),
+               InTargetSettings("separate", args.self_skip), {"draft_model_path": NO_DRAFT},
+               device, model.lm_head.weight.dtype)
         _in_target(e, "self", args.ks, args, timer, out)
     if medusa is not None:
         e = engine()
@@ -326,8 +328,8 @@ def main(argv=None) -> int:
     head = None if str(args.head) == "none" else load_head(args.head, model, dtype, device)
     draft = None if str(args.draft) == "none" else load_model(str(args.draft), dtype, device)
     try:
-        args.self_skip = parse_skip(args.self_skip, model.args.num_layers, "--self-skip") \
-            if args.self_skip else ()
+        if args.self_skip:    # refused here, before any timing
+            parse_skip(args.self_skip, model.args.num_layers, "--self-skip")
     except ValueError as e:
         ap.error(str(e))
     medusa = None
