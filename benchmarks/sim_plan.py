@@ -66,7 +66,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--placements", default="auto",
                     help="$SPECDEC_DRAFT_PLACEMENT of the served side, comma-separated: a server "
                          "each, the draft model's settings run on every one in turn (the others "
-                         "on the first); auto, target, separate")
+                         "on the first); auto, target, separate, or orchestrator: the target's "
+                         "engine with the draft in speculative_decoding's process "
+                         "($SPECDEC_TARGET_PLACEMENT=orchestrator)")
     ap.add_argument("--own-draft-device", action="store_true",
                     help="the draft model's calls on a simulated device of their own "
                          "(SPECDEC_SIMULATE_SHARED=0); by default draft and target share one, "
@@ -91,8 +93,9 @@ def parse(argv=None) -> argparse.Namespace:
     wanted = args.proposers.split(",")
     args.setting_list = [s for s in settings(args.k) if (s.proposer or "none") in wanted]
     args.placement_list = args.placements.split(",")
-    if not set(args.placement_list) <= {"auto", "target", "separate"}:
-        raise SystemExit(f"--placements {args.placements!r}: auto, target or separate")
+    if not set(args.placement_list) <= {"auto", "target", "separate", "orchestrator"}:
+        raise SystemExit(f"--placements {args.placements!r}: auto, target, separate or "
+                         "orchestrator")
     if not args.scale > 0:
         raise SystemExit(f"--scale {args.scale}: must be > 0")
     if not 1 <= args.k <= MAX_DRAFT_TOKENS:

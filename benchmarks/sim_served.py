@@ -36,7 +36,10 @@ def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -
                        "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
                        "TMPDIR": str(args.device_dir),
                        "SPECDEC_EAGLE_HEAD": str(args.head),
-                       "SPECDEC_DRAFT_PLACEMENT": placement})
+                       **({"SPECDEC_DRAFT_PLACEMENT": "target",
+                           "SPECDEC_TARGET_PLACEMENT": "orchestrator"}
+                          if placement == "orchestrator" else
+                          {"SPECDEC_DRAFT_PLACEMENT": placement})})
 
 
 def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,

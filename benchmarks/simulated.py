@@ -57,7 +57,8 @@ def main(argv=None) -> int:
                 servers[placement] = sim_served.start(args, streams_max, max_seq_len, placement)
         # Each setting in process and served back to back (a server idles while this process
         # computes), so a change of load on the machine touches both sides alike; with several
-        # placements, the draft model's on each server in turn.
+        # placements, the draft model's on each server in turn (every setting on an
+        # "orchestrator" one).
         for mode in args.mode_list:
             for streams in args.stream_counts:
                 for s in args.setting_list:
@@ -66,8 +67,10 @@ def main(argv=None) -> int:
                         local.run(prompts[:args.warmup], s, mode, args.max_tokens, 1)
                         local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
                                             streams)
-                    on = list(servers.items()) if s.proposer == "draft" else \
-                        list(servers.items())[:1]
+                    # The draft model's placements differ for the draft alone; the target's
+                    # ("orchestrator") for every setting.
+                    on = [(p, v) for i, (p, v) in enumerate(servers.items())
+                          if s.proposer == "draft" or i == 0 or p == "orchestrator"]
                     for placement, server in on or [(None, None)]:
                         label = s.label if len(on) < 2 else f"{s.label} ({placement})"
                         r = results.setdefault((mode.name, streams, label), {})

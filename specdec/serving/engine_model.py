@@ -30,7 +30,10 @@ class _EngineModel:
     role = ""
     inputs: tuple[str, ...] = _COMMON
 
-    def __init__(self, pb, model_config: dict):
+    def __init__(self, pb, model_config: dict, hosted: bool = False):
+        """hosted: this is target_model's engine loaded in speculative_decoding's process
+        (target_placement "orchestrator", serving/hosted.py); target_model itself then loads
+        nothing."""
         self.pb = pb
         params = parameters(model_config)
         s = EngineSettings.parse(params, self.role)
@@ -38,9 +41,14 @@ class _EngineModel:
         it = InTargetSettings.parse(params)
         # A draft placed in target_model's process: checked here too, loaded there.
         self.colocated = self.role == "draft" and it.draft_in_target and not s.disabled
+        self.elsewhere = self.role == "target" and it.target_hosted and not hosted
         check_one_instance(model_config, f"{self.role}_model")
         self.faults = faults.Injector(faults.first_process(   # tests only; none by default
             faults.parse(s.fault), f"{self.role}_model"))
+        self.shown: list[list] = []   # [slot pool, its used gauge, the count it shows]
+        if self.elsewhere:   # the hosting process shows this model's slots
+            self.engine = None
+            return
         self._slot_gauges(pb, 0 if s.disabled or self.colocated else s.max_sequences)
         if self.colocated:
             self.check_pair(s, ModelArgs.from_dir(s.target_model_path).vocab_size)
@@ -102,7 +110,6 @@ class _EngineModel:
         self.slots_total.set(total)
         self.slots_used = self.slots_family.Metric(labels={"model": f"{self.role}_model"})
         self.slots_used.set(0)   # a restarted model takes over its dead predecessor's series
-        self.shown: list[list] = []   # [slot pool, its used gauge, the count it shows]
 
     def _show_slots(self) -> None:
         """The target's pool, and a draft model's placed in this process (drafters.py): that
@@ -120,20 +127,33 @@ class _EngineModel:
     def execute(self, requests) -> list:
         if self.engine is None:
             why = ("its draft runs in target_model ($SPECDEC_DRAFT_PLACEMENT)" if self.colocated
-                   else "$SPECDEC_DRAFT_MODEL=none")
+                   else "its engine runs in speculative_decoding ($SPECDEC_TARGET_PLACEMENT)"
+                   if self.elsewhere else "$SPECDEC_DRAFT_MODEL=none")
             # The caller's mistake, not a failure of this model: refused, not logged as one.
             refusal = InvalidInput(f"{self.role}_model is disabled: {why}")
             return [error_response(self.pb, refusal) for _ in requests]
         try:
             return self._execute(requests)
         finally:
-            # Only on change: a metric update is a round trip to the server process, and one
-            # that a kill -9 interrupts takes tritonserver down with it (docs/reliability.md).
-            for shown in self.shown:
-                pool, gauge, count = shown
-                if pool.active != count:
-                    shown[2] = pool.active
-                    gauge.set(pool.active)
+            self.show_slots()
+
+    def show_slots(self) -> None:
+        # Only on change: a metric update is a round trip to the server process, and one
+        # that a kill -9 interrupts takes tritonserver down with it (docs/reliability.md).
+        for shown in self.shown:
+            pool, gauge, count = shown
+            if pool.active != count:
+                shown[2] = pool.active
+                gauge.set(pool.active)
+
+    def run_calls(self, work: list) -> list:
+        """work's results in order: a call's error in its place (the fault injector's, tests
+        only, or the engine's)."""
+        results: list = self.faults.before(len(work))
+        todo = [i for i, error in enumerate(results) if error is None]
+        for i, result in zip(todo, self.run([work[i] for i in todo]) if todo else []):
+            results[i] = result
+        return results
 
     def _execute(self, requests) -> list:
         pb = self.pb
@@ -155,13 +175,7 @@ class _EngineModel:
                 if not isinstance(call, Exception):
                     work.append(call)
                     where.append((i, j))
-        injected = self.faults.before(len(work))
-        for (i, j), error in zip(where, injected):
-            if error is not None:
-                rows[i][j] = error
-        work = [w for w, error in zip(work, injected) if error is None]
-        where = [at for at, error in zip(where, injected) if error is None]
-        for (i, j), result in zip(where, self.run(work) if work else []):
+        for (i, j), result in zip(where, self.run_calls(work) if work else []):
             rows[i][j] = result
         for i, request in enumerate(requests):
             if responses[i] is None:

@@ -26,9 +26,12 @@ FLUSH_EVERY_S = 1.0
 
 class Metrics:
     def __init__(self, pb, model: str, max_draft_tokens: int, estimates=None,
-                 in_target: tuple[Proposer, ...] = IN_TARGET):
+                 in_target: tuple[Proposer, ...] = IN_TARGET, hosted: bool = False):
         """estimates: () -> policy.Estimates, the live figures the policy decides on;
-        in_target: the proposers drafting inside target_model's call (settings.in_target)."""
+        in_target: the proposers drafting inside target_model's call (settings.in_target);
+        hosted: the target's engine is in this process (hosted.py): its calls are not BLS
+        calls."""
+        self.target_calls = 0 if hosted else 1
         # post(fn, *args): how an update reaches the server (the orchestrator's courier; here,
         # at once).
         self.post = lambda fn, *args: fn(*args)
@@ -164,7 +167,7 @@ class Metrics:
         self._count(self.rounds, 1)
         drafted = r.k > 0 or r.failure is not None
         label = r.proposer if drafted else "none"
-        calls = 1 + (drafted and self.placement[label] == DRAFT_MODEL)
+        calls = self.target_calls + (drafted and self.placement[label] == DRAFT_MODEL)
         self._count(self.calls[label], calls)
         seen = self._calls_seen[label]
         seen[0], seen[1] = seen[0] + calls, seen[1] + 1

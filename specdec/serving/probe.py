@@ -78,6 +78,8 @@ def check(url: str, model: str, timeout: float) -> str | None:
         error = body.get("error", "")
         if status == 200 or (model == names.DRAFT_MODEL and error and not is_down(error)):
             return None   # a draft served without a checkpoint ($SPECDEC_DRAFT_MODEL=none) refuses
+        if f"{model} is disabled: " in error:
+            return None   # its engine runs elsewhere ($SPECDEC_TARGET_PLACEMENT): it answered
         return f"{status} {error or body}"
     except (OSError, ValueError) as e:
         return f"{type(e).__name__}: {e}"

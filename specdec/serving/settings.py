@@ -125,6 +125,7 @@ def model_paths(params: dict) -> ModelPaths:
 
 
 PLACEMENTS = ("auto", "target", "separate")
+TARGET_PLACEMENTS = ("separate", "orchestrator")
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,16 @@ class InTargetSettings:
     inside each verification (one call a round); separate: in draft_model (two calls a round),
     the placement for a draft on a device of its own or the CPU beside a GPU target; auto:
     separate where $SPECDEC_DRAFT_DEVICE names a device of its own or the target is sharded
-    ($SPECDEC_TENSOR_PARALLEL > 1), else target."""
+    ($SPECDEC_TENSOR_PARALLEL > 1), else target.
+
+    target_placement: separate: the target's engine in target_model, a BLS call a round;
+    orchestrator: in speculative_decoding's process, beside the loop (serving/hosted.py): no
+    call, no stub boundary, no queue a round, and target_model loads nothing. "target_model's
+    process" above then means that one."""
     draft_placement: str = "auto"
     self_skip: str = ""           # target layers SWIFT skips (swift.py), e.g. "3,5,7-9"; "": off
     medusa_heads_path: str = ""   # Medusa-1 heads (medusa/); "": none
+    target_placement: str = "separate"
 
     @classmethod
     def parse(cls, params: dict) -> "InTargetSettings":
@@ -147,19 +154,31 @@ class InTargetSettings:
         if s.draft_placement not in PLACEMENTS:
             raise SettingsError(f"draft_placement {s.draft_placement!r}: expected "
                                 f"{', '.join(PLACEMENTS)}")
+        if s.target_placement not in TARGET_PLACEMENTS:
+            raise SettingsError(f"target_placement {s.target_placement!r}: expected "
+                                f"{', '.join(TARGET_PLACEMENTS)}")
+        degree, _ = _lookup(params, "tensor_parallel", ENV_PREFIX + "TENSOR_PARALLEL")
+        devices, _ = _lookup(params, "target_devices", ENV_PREFIX + "TARGET_DEVICES")
+        sharded = int(degree or 1) > 1 or len((devices or "").split(",")) > 1
+        if s.target_hosted and sharded:   # its rank processes are started and tested from
+            raise SettingsError(           # target_model only
+                "target_placement 'orchestrator' holds an unsharded target: with "
+                f"tensor_parallel {degree or 1} / target_devices {devices!r} use 'separate'")
         if s.draft_placement == "auto":
             own, _ = _lookup(params, "draft_device", ENV_PREFIX + "DRAFT_DEVICE")
-            degree, _ = _lookup(params, "tensor_parallel", ENV_PREFIX + "TENSOR_PARALLEL")
-            devices, _ = _lookup(params, "target_devices", ENV_PREFIX + "TARGET_DEVICES")
-            sharded = int(degree or 1) > 1 or len((devices or "").split(",")) > 1
             apart = (own or "auto") != "auto" and own != (devices or "").split(",")[0]
             s = cls("separate" if sharded or apart else "target", s.self_skip,
-                    s.medusa_heads_path)
+                    s.medusa_heads_path, s.target_placement)
         return s
 
     @property
     def draft_in_target(self) -> bool:
         return self.draft_placement == "target"
+
+    @property
+    def target_hosted(self) -> bool:
+        """The target's engine runs in speculative_decoding's process."""
+        return self.target_placement == "orchestrator"
 
 
 def _same_dir(a: str, b: str) -> bool:

@@ -128,6 +128,14 @@ def server(tmp_path_factory):
     yield from launch(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def hosted_server(tmp_path_factory):
+    """The target's engine, the draft beside it, in speculative_decoding's process
+    (SPECDEC_TARGET_PLACEMENT=orchestrator): no BLS call a round; target_model loads nothing."""
+    yield from launch(tmp_path_factory, {"SPECDEC_TARGET_PLACEMENT": "orchestrator",
+                                         "SPECDEC_MAX_SEQUENCES": "2"})
+
+
 EAGLE_HEAD = ROOT / "models" / "default" / "eagle"   # the shipped head
 EAGLE_FAULTS = 3   # the head's first runs fail (test_eagle.py)
 

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.config import ModelArgs
 from specdec.serving.adapter import parameters
 from specdec.serving.bls import BlsDrafter, BlsVerifier
-from specdec.serving.checks import check_shared_sizes, say
+from specdec.serving.checks import check_shared_sizes, read_model_config, say
 from specdec.serving.metrics import Metrics
 from specdec.serving.orchestrator import Orchestrator
 from specdec.serving.settings import OrchestratorSettings
@@ -22,13 +22,26 @@ class TritonPythonModel:
         check_shared_sizes(settings, REPOSITORY)
         say(args["model_name"], settings.start_line())
         target = ModelArgs.from_dir(settings.target_model_path)
+        hosted = settings.drafters.target_hosted
         metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens,
-                          in_target=settings.in_target)
+                          in_target=settings.in_target, hosted=hosted)
+        verifier = BlsVerifier(pb_utils)
+        if hosted:   # target_placement "orchestrator": the target's engine loads here
+            from specdec.serving.engine_model import TargetModel
+            from specdec.serving.hosted import HostedVerifier
+            config = read_model_config(REPOSITORY / "target_model" / "config.pbtxt")
+            verifier = HostedVerifier(pb_utils, TargetModel(pb_utils, config, hosted=True))
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
-                                         target.vocab_size, BlsDrafter(pb_utils),
-                                         BlsVerifier(pb_utils), metrics)
+                                         target.vocab_size, BlsDrafter(pb_utils), verifier,
+                                         metrics)
 
     async def execute(self, requests):
         # Decoupled + async: responses go through each request's sender as they are made.
         await asyncio.gather(*(self.orchestrator.handle(r) for r in requests))
         return None
+
+    def finalize(self):
+        # A hosted target's tensor-parallel workers stop with the unload (target_model's does
+        # the same).
+        verifier = self.orchestrator.verifier
+        getattr(getattr(getattr(verifier, "model", None), "engine", None), "stop", lambda: None)()

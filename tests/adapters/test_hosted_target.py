@@ -1,0 +1,107 @@
+"""The target's engine in speculative_decoding's process ($SPECDEC_TARGET_PLACEMENT=orchestrator,
+serving/hosted.py): the same tokens as over BLS to target_model, no target_model call, per-row
+errors as target_model gives them, its slots released; target_model itself loads nothing."""
+import pytest
+
+from specdec import names
+from specdec.config import ModelArgs
+from specdec.records import Round
+from specdec.serving.bls import BlsDrafter
+from specdec.serving.engine_model import TargetModel
+from specdec.serving.hosted import HostedVerifier
+from specdec.serving.metrics import Metrics
+from specdec.serving.orchestrator import Orchestrator
+from specdec.serving.settings import InTargetSettings, OrchestratorSettings, SettingsError
+from tests.adapters import fake_pb
+from tests.adapters.conftest import MAX_SEQ_LEN, engine_config, orchestrator_request, run_all
+from tests.adapters.test_orchestrator import PROMPTS, assert_one_final, output_ids
+
+
+def hosted_config(checkpoints, max_sequences: int = 4) -> dict:
+    config = engine_config(checkpoints, "target", max_sequences)
+    config["parameters"]["target_placement"] = {"string_value": "orchestrator"}
+    return config
+
+
+def hosted_orchestrator(checkpoints, engine_sequences: int = 4, **overrides):
+    """An orchestrator holding the target's engine; the draft stays draft_model's, over BLS."""
+    model = TargetModel(fake_pb, hosted_config(checkpoints, engine_sequences), hosted=True)
+    params = {"max_seq_len": str(MAX_SEQ_LEN), "max_sequences": "4",
+              "target_model_path": checkpoints[0], "draft_placement": "separate",
+              "target_placement": "orchestrator", **{k: str(v) for k, v in overrides.items()}}
+    settings = OrchestratorSettings.parse(params)
+    metrics = Metrics(fake_pb, "speculative_decoding", settings.max_draft_tokens,
+                      in_target=settings.in_target, hosted=True)
+    vocab = ModelArgs.from_dir(checkpoints[0]).vocab_size
+    return Orchestrator(fake_pb, settings, (), vocab, BlsDrafter(fake_pb),
+                        HostedVerifier(fake_pb, model), metrics), model
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_hosted_gives_what_target_model_gives_without_calling_it(serving, checkpoints,
+                                                                  temperature):
+    """Greedy and seeded sampling (the draft's q crosses from draft_model's response into the
+    hosted engine), four sequences at once: token for token what the BLS verifier serves."""
+    fields = dict(max_tokens=20, temperature=temperature, seed=77, num_draft_tokens=3,
+                  stream=True)
+    over_bls = [orchestrator_request(p, **fields) for p in PROMPTS]
+    run_all(serving.orchestrator(), over_bls)
+    calls_before = len(serving.target_bls.batches)
+    orch, model = hosted_orchestrator(checkpoints)
+    hosted = [orchestrator_request(p, **fields) for p in PROMPTS]
+    run_all(orch, hosted)
+    for a, b in zip(over_bls, hosted):
+        assert_one_final(b)
+        assert output_ids(b) == output_ids(a) and len(output_ids(b)) == 20
+        last = b.sender.responses()[-1]
+        assert int(fake_pb.get_output_tensor_by_name(last, names.TOTAL_DRAFT_TOKENS)
+                   .as_numpy()[0]) > 0
+    assert len(serving.target_bls.batches) == calls_before   # target_model was not called
+    assert model.engine.pool.active == 0 and serving.draft.engine.pool.active == 0
+    # The hosted engine's slots show as target_model's, as target_model shows them.
+    assert model.slots_used.labels == {"model": "target_model"}
+    assert max(model.slots_used.history) == 4 and model.slots_used.history[-1] == 0
+
+
+def test_a_full_hosted_target_refuses_one_request_with_unavailable(serving, checkpoints):
+    orch, model = hosted_orchestrator(checkpoints, engine_sequences=1, max_sequences=2)
+    a, b = (orchestrator_request(p, max_tokens=6) for p in PROMPTS[:2])
+    run_all(orch, [a, b])
+    errors = [r.sender.responses()[0] for r in (a, b) if r.sender.responses()[0].has_error()]
+    assert len(errors) == 1
+    assert errors[0].error().code() == fake_pb.TritonError.UNAVAILABLE
+    assert errors[0].error().message().startswith("target_model:")
+    assert model.engine.pool.active == 0
+
+
+def test_target_model_loads_nothing_and_refuses_calls_when_hosted_elsewhere(checkpoints):
+    model = TargetModel(fake_pb, hosted_config(checkpoints))
+    assert model.engine is None
+    [response] = model.execute([fake_pb.InferenceRequest("target_model", [], [])])
+    assert response.error().code() == fake_pb.TritonError.INVALID_ARG
+    assert "$SPECDEC_TARGET_PLACEMENT" in response.error().message()
+
+
+def test_hosted_rounds_count_no_target_call():
+    m = Metrics(fake_pb, "hosted_test", max_draft_tokens=8, in_target=(), hosted=True)
+    for proposer in ("draft", "ngram"):
+        m.round(Round(k=3, accepted=1, draft_s=0.001, verify_s=0.01, proposer=proposer))
+    m.flush()
+    (draft,) = fake_pb.metrics("specdec_bls_calls_per_round", model="hosted_test",
+                               proposer="draft")
+    (lookup,) = fake_pb.metrics("specdec_bls_calls_per_round", model="hosted_test",
+                                proposer="ngram")
+    assert (draft.value(), lookup.value()) == (1.0, 0.0)
+
+
+def test_a_bad_target_placement_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("SPECDEC_TARGET_PLACEMENT", "gpu")
+    with pytest.raises(SettingsError, match="target_placement 'gpu': expected separate, orch"):
+        InTargetSettings.parse({})
+
+
+def test_a_sharded_target_is_not_hosted(monkeypatch):
+    monkeypatch.setenv("SPECDEC_TARGET_PLACEMENT", "orchestrator")
+    monkeypatch.setenv("SPECDEC_TENSOR_PARALLEL", "2")
+    with pytest.raises(SettingsError, match="unsharded target: with tensor_parallel 2"):
+        OrchestratorSettings.parse({})
