@@ -3,7 +3,7 @@
 Decoupled: each request gets its responses through its own sender and always ends with the
 FINAL flag, after success, an error or a cancellation.
 
-Cancellation: a request cancelled by its client ends within CANCEL_CHECK_S and a round.
+Cancellation: a request cancelled by its client ends within CANCEL_CHECK_S and two rounds.
 Inside the ensemble this model's request is never the cancelled one (Triton checks an
 ensemble's cancellation between its steps, and this step runs from the first token to the
 last): there postprocessing sees the cancellation on the next response's step and sends a
@@ -38,8 +38,10 @@ INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS,
 
 
 # request.is_cancelled() is a round trip to the server process: at 16 streams, asked every
-# round, it was 8 % of the orchestrator's time (py-spy). A cancelled request ends within this
-# and a round; one cancelled through the ensemble (cancel_generation) at its next round.
+# round, it was 8 % of the orchestrator's time (py-spy); asked at most this often on the event
+# loop, still nearly half of the loop's own work (py-spy, 2026-11-26), so the courier's thread
+# asks it and the loop reads the answer. A cancelled request ends within this and two rounds;
+# one cancelled through the ensemble (cancel_generation) at its next round.
 CANCEL_CHECK_S = 0.1
 
 
@@ -136,10 +138,10 @@ class Orchestrator:
                     if gid in self.cancelled:
                         return True
                     now = time.monotonic()
-                    if now - asked[0] < CANCEL_CHECK_S:
-                        return False
-                    asked[0] = now
-                    return request.is_cancelled()
+                    if now - asked[0] >= CANCEL_CHECK_S:
+                        asked[0] = now
+                        self.courier.post(self._ask, request, gid)
+                    return gid in self.cancelled   # at once where the courier is not threaded
 
                 await speculate(gid, req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, emit, cancelled,
@@ -173,6 +175,11 @@ class Orchestrator:
             gid = secrets.randbits(63)
             if gid and gid not in self.running:
                 return gid
+
+    def _ask(self, request, gid: int) -> None:
+        """On the courier's thread: whether the client of a generation under way has gone."""
+        if gid in self.running and request.is_cancelled():
+            self.cancelled.add(gid)
 
     def _cancel(self, gid: int) -> None:
         """A client of the ensemble cancelled: its generation ends at its next round, as when

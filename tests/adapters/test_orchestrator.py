@@ -232,6 +232,31 @@ def test_the_client_is_asked_about_cancellation_at_most_every_check_interval(ser
     assert_all_released(serving)
 
 
+def test_the_courier_asks_about_cancellation_off_the_event_loop(serving, monkeypatch):
+    """In the server is_cancelled() is asked on the courier's thread, never blocking the event
+    loop; the generation sees the answer at a later round and ends."""
+    import threading
+
+    from specdec.serving import orchestrator
+    monkeypatch.setattr(courier, "THREADED", True)
+    monkeypatch.setattr(orchestrator, "CANCEL_CHECK_S", 0.01)
+    threads = []
+
+    def cancelled(sender):
+        threads.append(threading.current_thread().name)
+        return len(threads) >= 2
+
+    orch = serving.orchestrator()
+    r = orchestrator_request(PROMPTS[2], max_tokens=200, stream=True, num_draft_tokens=0,
+                             cancelled=cancelled)
+    run_all(orch, [r])
+    assert_one_final(r)
+    assert finish_reason(r.sender.responses()[-1]) == "cancelled"
+    assert len(threads) >= 2 and all(t.startswith("courier") for t in threads), threads
+    assert 0 < len(output_ids(r)) < 200
+    assert_all_released(serving)
+
+
 def test_cancelled_before_start(serving):
     orch = serving.orchestrator()
     r = orchestrator_request(PROMPTS[0], cancelled=lambda sender: True)
