@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from .. import names
 from ..batching import Batcher
 from ..records import Verdict, VerifyCall
 from .adapter import ModelCallError, triton_error
@@ -23,7 +24,7 @@ from .engine_model import TargetModel
 
 
 class HostedVerifier:
-    def __init__(self, pb, model: TargetModel, name: str = "target_model"):
+    def __init__(self, pb, model: TargetModel, name: str = names.TARGET_MODEL):
         self.pb, self.model, self.name = pb, model, name
         self.rows = Batcher(self._verify, MAX_ROWS)
 

@@ -432,7 +432,9 @@ class OrchestratorSettings:
 
     def start_line(self) -> str:
         """One line for the log at start: what this server drafts with, where, and why."""
-        where = "target_model's process" if self.draft_in_target else "draft_model"
+        where = ("draft_model" if not self.draft_in_target else
+                 "speculative_decoding's process" if self.drafters.target_hosted else
+                 "target_model's process")
         parts = [f"draft model {self.draft_model_path} in {where} (draft_placement "
                  f"{self.drafters.draft_placement})" if self.has_draft else "no draft model",
                  "prompt lookup"]
@@ -442,6 +444,9 @@ class OrchestratorSettings:
             parts.append(f"Medusa heads {self.drafters.medusa_heads_path}")
         if self.has_self:
             parts.append(f"the target skipping layers {self.drafters.self_skip}")
+        if self.drafters.target_hosted:
+            parts.append("the target's engine in speculative_decoding's process "
+                         "(target_placement orchestrator)")
         return (f"proposers {', '.join(self.proposers)} ({'; '.join(parts)}; draft: "
                 f"{self.draft_reason or 'given'}); requests that name none use "
                 f"'{self.proposer}'")

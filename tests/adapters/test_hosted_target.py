@@ -100,6 +100,13 @@ def test_a_bad_target_placement_is_refused_by_name(monkeypatch):
         InTargetSettings.parse({})
 
 
+def test_the_start_line_says_where_the_target_and_draft_run(monkeypatch):
+    monkeypatch.setenv("SPECDEC_TARGET_PLACEMENT", "orchestrator")
+    line = OrchestratorSettings.parse({}).start_line()
+    assert "in speculative_decoding's process (draft_placement target)" in line
+    assert "the target's engine in speculative_decoding's process" in line
+
+
 def test_a_sharded_target_is_not_hosted(monkeypatch):
     monkeypatch.setenv("SPECDEC_TARGET_PLACEMENT", "orchestrator")
     monkeypatch.setenv("SPECDEC_TENSOR_PARALLEL", "2")

@@ -39,9 +39,3 @@ class TritonPythonModel:
         # Decoupled + async: responses go through each request's sender as they are made.
         await asyncio.gather(*(self.orchestrator.handle(r) for r in requests))
         return None
-
-    def finalize(self):
-        # A hosted target's tensor-parallel workers stop with the unload (target_model's does
-        # the same).
-        verifier = self.orchestrator.verifier
-        getattr(getattr(getattr(verifier, "model", None), "engine", None), "stop", lambda: None)()
