@@ -43,8 +43,10 @@ class _EngineModel:
         self.colocated = self.role == "draft" and it.draft_in_target and not s.disabled
         self.elsewhere = self.role == "target" and it.target_hosted and not hosted
         check_one_instance(model_config, f"{self.role}_model")
-        self.faults = faults.Injector(faults.first_process(   # tests only; none by default
-            faults.parse(s.fault), f"{self.role}_model"))
+        # Tests only, none by default; the hosting process runs this model's script, not the
+        # process that loads nothing (the script runs in the first process that claims it).
+        self.faults = faults.Injector(faults.first_process(
+            [] if self.elsewhere else faults.parse(s.fault), f"{self.role}_model"))
         self.shown: list[list] = []   # [slot pool, its used gauge, the count it shows]
         if self.elsewhere:   # the hosting process shows this model's slots
             self.engine = None

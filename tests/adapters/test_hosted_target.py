@@ -74,6 +74,25 @@ def test_a_full_hosted_target_refuses_one_request_with_unavailable(serving, chec
     assert model.engine.pool.active == 0
 
 
+def test_the_hosting_process_runs_target_models_fault_script(checkpoints, monkeypatch,
+                                                              tmp_path):
+    """$SPECDEC_TARGET_FAULT scripts the process that holds the engine, even where target_model
+    (loading nothing) starts first: a script runs in the first process that claims it."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # this test's claim markers
+    monkeypatch.setenv("SPECDEC_TARGET_FAULT", "unavailable*1")
+    TargetModel(fake_pb, hosted_config(checkpoints))
+    orch, model = hosted_orchestrator(checkpoints)
+    first, second = (orchestrator_request(p, max_tokens=6) for p in PROMPTS[:2])
+    run_all(orch, [first])
+    run_all(orch, [second])
+    [failed] = first.sender.responses()
+    assert failed.error().code() == fake_pb.TritonError.UNAVAILABLE
+    assert "target_model: " in failed.error().message()
+    assert "injected fault" in failed.error().message()
+    assert len(output_ids(second)) == 6 and model.engine.pool.active == 0
+
+
 def test_target_model_loads_nothing_and_refuses_calls_when_hosted_elsewhere(checkpoints):
     model = TargetModel(fake_pb, hosted_config(checkpoints))
     assert model.engine is None
