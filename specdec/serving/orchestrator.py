@@ -178,7 +178,7 @@ class Orchestrator:
 
     def _ask(self, request, gid: int) -> None:
         """On the courier's thread: whether the client of a generation under way has gone."""
-        if gid in self.running and request.is_cancelled():
+        if gid in self.running and gid not in self.cancelled and request.is_cancelled():
             self.cancelled.add(gid)
 
     def _cancel(self, gid: int) -> None:

@@ -207,53 +207,35 @@ def test_cancelled_midway(serving, stream):
     assert_all_released(serving)
 
 
+@pytest.mark.parametrize("threaded", [False, True])
 def test_the_client_is_asked_about_cancellation_at_most_every_check_interval(serving,
-                                                                           monkeypatch):
+                                                                           monkeypatch,
+                                                                           threaded):
     """is_cancelled() is a round trip to the server process (orchestrator.CANCEL_CHECK_S): a
     generation asks it on its first round and then at most once an interval, however many
-    rounds it runs; a request cancelled meanwhile still ends."""
-    from specdec.serving import orchestrator
-    asked = []
-
-    def cancelled(sender):
-        asked.append(time.monotonic())
-        return len(asked) == 3   # the third time asked, the client has gone
-
-    monkeypatch.setattr(orchestrator, "CANCEL_CHECK_S", 0.01)
-    orch = serving.orchestrator()
-    r = orchestrator_request(PROMPTS[2], max_tokens=60, stream=True, num_draft_tokens=0,
-                             cancelled=cancelled)
-    run_all(orch, [r])
-    assert_one_final(r)
-    assert finish_reason(r.sender.responses()[-1]) == "cancelled"
-    rounds = len(output_ids(r))   # target-only: a token a round
-    assert len(asked) == 3 and rounds >= len(asked)   # once a round at most, and the rest
-    assert all(b - a >= 0.01 for a, b in zip(asked, asked[1:]))
-    assert_all_released(serving)
-
-
-def test_the_courier_asks_about_cancellation_off_the_event_loop(serving, monkeypatch):
-    """In the server is_cancelled() is asked on the courier's thread, never blocking the event
-    loop; the generation sees the answer at a later round and ends."""
+    rounds it runs; a request cancelled meanwhile still ends. In the server (threaded) the
+    courier's thread asks it, never the event loop, and a later round sees the answer."""
     import threading
 
     from specdec.serving import orchestrator
-    monkeypatch.setattr(courier, "THREADED", True)
-    monkeypatch.setattr(orchestrator, "CANCEL_CHECK_S", 0.01)
-    threads = []
+    asked = []   # (when, on which thread)
 
     def cancelled(sender):
-        threads.append(threading.current_thread().name)
-        return len(threads) >= 2
+        asked.append((time.monotonic(), threading.current_thread().name))
+        return len(asked) == 3   # the third time asked, the client has gone
 
+    monkeypatch.setattr(courier, "THREADED", threaded)
+    monkeypatch.setattr(orchestrator, "CANCEL_CHECK_S", 0.01)
     orch = serving.orchestrator()
     r = orchestrator_request(PROMPTS[2], max_tokens=200, stream=True, num_draft_tokens=0,
                              cancelled=cancelled)
     run_all(orch, [r])
     assert_one_final(r)
     assert finish_reason(r.sender.responses()[-1]) == "cancelled"
-    assert len(threads) >= 2 and all(t.startswith("courier") for t in threads), threads
-    assert 0 < len(output_ids(r)) < 200
+    rounds = len(output_ids(r))   # target-only: a token a round
+    assert len(asked) == 3 and len(asked) <= rounds < 200   # once a round at most, and the rest
+    assert all(b[0] - a[0] >= 0.01 for a, b in zip(asked, asked[1:]))
+    assert all(name.startswith("courier") == threaded for _, name in asked), asked
     assert_all_released(serving)
 
 
