@@ -30,16 +30,17 @@ class SampledClient(GrpcClient):
 def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -> Server:
     """TMPDIR: the run's own simulated device (its lock file), shared by draft_model and
     target_model, not with whatever else on the machine simulates one."""
-    return Server(args.target, args.draft, max_sequences, max_seq_len,
-                  env={"SPECDEC_SIMULATE": str(args.table),
-                       "SPECDEC_SIMULATE_SCALE": str(args.scale),
-                       "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
-                       "TMPDIR": str(args.device_dir),
-                       "SPECDEC_EAGLE_HEAD": str(args.head),
-                       **({"SPECDEC_DRAFT_PLACEMENT": "target",
-                           "SPECDEC_TARGET_PLACEMENT": "orchestrator"}
-                          if placement == "orchestrator" else
-                          {"SPECDEC_DRAFT_PLACEMENT": placement})})
+    env = {"SPECDEC_SIMULATE": str(args.table), "SPECDEC_SIMULATE_SCALE": str(args.scale),
+           "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
+           "TMPDIR": str(args.device_dir), "SPECDEC_EAGLE_HEAD": str(args.head)}
+    if placement == "orchestrator":   # the target's engine, the draft beside it, hosted
+        env |= {"SPECDEC_DRAFT_PLACEMENT": "target", "SPECDEC_TARGET_PLACEMENT": "orchestrator"}
+    else:
+        env["SPECDEC_DRAFT_PLACEMENT"] = placement
+    server = Server(args.target, args.draft, max_sequences, max_seq_len, env=env)
+    # Hosted, target_model executes nothing but the supervisor's pings, which it refuses.
+    server.hosted = placement == "orchestrator"
+    return server
 
 
 def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
@@ -75,7 +76,8 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
     d = settle_metrics(server, before, tokens)
     per_round = server.by_label("specdec_bls_calls_per_round", "proposer")
     sizes_after, compute_after = server.batch_stats(TARGET)
-    sizes = {b: n - sizes_before.get(b, 0) for b, n in sorted(sizes_after.items())}
+    sizes = {} if server.hosted else {b: n - sizes_before.get(b, 0)
+                                      for b, n in sorted(sizes_after.items())}
     executions = sum(sizes.values())
     out = {"tokens": tokens, "wall_s": wall, "request_s": sum(r.total_s for r in reqs),
            "rounds": d.get("specdec_rounds_total", 0.0),
