@@ -2,9 +2,9 @@
 configs scaled down, the vocabulary as released, 262208): greedy output, plain and drafted by
 the draft model and by a random EAGLE-3 head of the shape `specdec distill --method eagle3`
 makes, equals transformers' `generate` on the target, with the target's engine in
-speculative_decoding's process (SPECDEC_TARGET_PLACEMENT=orchestrator). Its windows are shrunk to 16 tokens so
-that the requests pass them (the target's 5 windowed layers with their local RoPE, and one
-global).
+speculative_decoding's process (SPECDEC_TARGET_PLACEMENT=orchestrator). Its windows are shrunk
+to 16 tokens so that the requests pass them (the target's 5 windowed layers with their local
+RoPE, and one global).
 
 One family served: the served path is the in-process engine (tests/core/test_families.py
 checks every family there, Qwen3 among them) behind the same tokenizer; Gemma 3 is the one

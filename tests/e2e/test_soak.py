@@ -1,7 +1,7 @@
-"""The soak's CI run of 40 s (loadtest/soak.py; `make soak` runs it for 10 minutes on a server of its
-own): locust at saturation on the session's server, HTTP SSE and gRPC, greedy and sampled, K
-auto/4/0, a tenth of the requests cancelled mid-stream; no unexpected failure, no KV slot left
-held, no server process restarted, memory flat."""
+"""The soak's CI run of 40 s (loadtest/soak.py; `make soak` runs it for 10 minutes on a server
+of its own): locust at saturation on the session's server, HTTP SSE and gRPC, greedy and
+sampled, K auto/4/0, a tenth of the requests cancelled mid-stream; no unexpected failure, no KV
+slot left held, no server process restarted, memory flat."""
 import importlib.util
 
 import pytest
