@@ -40,22 +40,26 @@ class _EngineModel:
         self.settings = s
         it = InTargetSettings.parse(params)
         # A draft placed in target_model's process: checked here too, loaded there.
-        self.colocated = self.role == "draft" and it.draft_in_target and not s.disabled
-        self.elsewhere = self.role == "target" and it.target_hosted and not hosted
+        colocated = self.role == "draft" and it.draft_in_target and not s.disabled
+        elsewhere = self.role == "target" and it.target_hosted and not hosted
+        # Why this model loads nothing and refuses every call (None: it serves).
+        self.disabled_why = (
+            "its draft runs in target_model ($SPECDEC_DRAFT_PLACEMENT)" if colocated else
+            "its engine runs in speculative_decoding ($SPECDEC_TARGET_PLACEMENT)" if elsewhere
+            else "$SPECDEC_DRAFT_MODEL=none" if s.disabled else None)
         check_one_instance(model_config, f"{self.role}_model")
         # Tests only, none by default; the hosting process runs this model's script, not the
         # process that loads nothing (the script runs in the first process that claims it).
         self.faults = faults.Injector(faults.first_process(
-            [] if self.elsewhere else faults.parse(s.fault), f"{self.role}_model"))
+            [] if elsewhere else faults.parse(s.fault), f"{self.role}_model"))
         self.shown: list[list] = []   # [slot pool, its used gauge, the count it shows]
-        if self.elsewhere:   # the hosting process shows this model's slots
-            self.engine = None
+        self.engine = None
+        if elsewhere:   # the hosting process shows this model's slots
             return
-        self._slot_gauges(pb, 0 if s.disabled or self.colocated else s.max_sequences)
-        if self.colocated:
+        self._slot_gauges(pb, 0 if self.disabled_why else s.max_sequences)
+        if colocated:
             self.check_pair(s, ModelArgs.from_dir(s.target_model_path).vocab_size)
-        if s.disabled or self.colocated:   # nothing to load, nothing will call it
-            self.engine = None
+        if self.disabled_why:   # nothing to load, nothing will call it
             return
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
@@ -127,12 +131,9 @@ class _EngineModel:
             self.shown.append([draft.engine.pool, used, 0])
 
     def execute(self, requests) -> list:
-        if self.engine is None:
-            why = ("its draft runs in target_model ($SPECDEC_DRAFT_PLACEMENT)" if self.colocated
-                   else "its engine runs in speculative_decoding ($SPECDEC_TARGET_PLACEMENT)"
-                   if self.elsewhere else "$SPECDEC_DRAFT_MODEL=none")
+        if self.disabled_why:
             # The caller's mistake, not a failure of this model: refused, not logged as one.
-            refusal = InvalidInput(f"{self.role}_model is disabled: {why}")
+            refusal = InvalidInput(f"{self.role}_model is disabled: {self.disabled_why}")
             return [error_response(self.pb, refusal) for _ in requests]
         try:
             return self._execute(requests)

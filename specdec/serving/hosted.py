@@ -20,6 +20,7 @@ from ..batching import Batcher
 from ..records import Verdict, VerifyCall
 from .adapter import ModelCallError, triton_error
 from .bls import MAX_ROWS
+from .dlpack import as_torch
 from .engine_model import TargetModel
 
 
@@ -31,7 +32,7 @@ class HostedVerifier:
     async def verify(self, call: VerifyCall) -> Verdict:
         q = call.draft_probs
         if q is not None and not isinstance(q, torch.Tensor):   # draft_model's [1, k, V] tensor
-            call = replace(call, draft_probs=torch.from_dlpack(q.to_dlpack())[0])
+            call = replace(call, draft_probs=as_torch(q)[0])
         return await self.rows.submit(call)
 
     async def _verify(self, cs: list[VerifyCall]) -> list[Verdict | ModelCallError]:
