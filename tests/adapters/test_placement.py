@@ -105,3 +105,13 @@ def test_the_load_refuses_weights_and_kv_that_do_not_fit(checkpoints, monkeypatc
     monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(CheckpointError, match="weights .* GiB and a KV slot pool"):
         engine_module.Engine.load(target, 4, 64, torch.float32, torch.device("cpu"))
+
+
+def test_ram_available_counts_the_page_cache(tmp_path):
+    """MemAvailable, not MemFree: a machine whose memory sits in the page cache (checkpoints
+    just written or read) can still hold a model."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683520 kB\nMemFree:          272384 kB\n"
+                       "MemAvailable:   24100000 kB\nBuffers:            1024 kB\n")
+    assert engine_module.available_ram(str(meminfo)) == 24100000 * 1024
+    assert engine_module.available_ram(str(tmp_path / "absent")) > 0   # sysconf's free pages
