@@ -124,10 +124,16 @@ class Orchestrator:
                         last = chunk.finish_reason is not None
                         if last:  # a client reading the metrics after its answer sees its counts
                             self.metrics.flush()
-                        response = self._response(shown, pending, chunk, last,
-                                                  len(req.prompt), gid)
-                        self.courier.post(sender.send, response, flags=(
-                            pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0))
+                        # The response is built on the courier's thread too (its twelve
+                        # tensors were half of what a streamed token cost the loop): from
+                        # values taken now, as the loop goes on changing shown and stats.
+                        ids, prefix = detokenize.window(shown, pending)
+                        st = chunk.stats
+                        counts = (len(req.prompt), st.num_output_tokens, st.total_draft_tokens,
+                                  st.total_accepted_draft_tokens, st.acceptance_rate,
+                                  st.ngram_draft_tokens, st.ngram_accepted_tokens)
+                        self.courier.post(self._send, sender, ids, prefix, last, counts,
+                                          chunk.finish_reason or "", gid)
                         final_sent = last
                         shown.extend(pending)
                         pending.clear()
@@ -188,22 +194,26 @@ class Orchestrator:
         if gid in self.running:
             self.cancelled.add(gid)
 
-    def _response(self, shown: list[int], new: list[int], chunk: Chunk, last: bool,
-                  prompt_tokens: int, gid: int):
-        pb, st = self.pb, chunk.stats
-        ids, prefix = detokenize.window(shown, new)
+    def _send(self, sender, ids: list[int], prefix: int, last: bool, counts: tuple,
+              finish_reason: str, gid: int) -> None:
+        """On the courier's thread: one streamed (or the final) response. counts: the prompt's
+        tokens, then the generation's counters in the order of names.STATS_OUTPUTS."""
+        pb = self.pb
+        prompt_tokens, out, drafted, accepted, rate, ngram_drafted, ngram_accepted = counts
         tensors = {
             names.OUTPUT_IDS: np.array(ids, np.int32),
             names.PREFIX_LENGTH: np.array([prefix], np.int32),
             names.IS_FINAL: np.array([last], bool),
             names.NUM_INPUT_TOKENS: np.array([prompt_tokens], np.int32),
-            names.NUM_OUTPUT_TOKENS: np.array([st.num_output_tokens], np.int32),
-            names.TOTAL_DRAFT_TOKENS: np.array([st.total_draft_tokens], np.int32),
-            names.TOTAL_ACCEPTED_DRAFT_TOKENS: np.array([st.total_accepted_draft_tokens], np.int32),
-            names.ACCEPTANCE_RATE: np.array([st.acceptance_rate], np.float32),
-            names.FINISH_REASON: np.array([(chunk.finish_reason or "").encode()], object),
-            names.NGRAM_DRAFT_TOKENS: np.array([st.ngram_draft_tokens], np.int32),
-            names.NGRAM_ACCEPTED_TOKENS: np.array([st.ngram_accepted_tokens], np.int32),
+            names.NUM_OUTPUT_TOKENS: np.array([out], np.int32),
+            names.TOTAL_DRAFT_TOKENS: np.array([drafted], np.int32),
+            names.TOTAL_ACCEPTED_DRAFT_TOKENS: np.array([accepted], np.int32),
+            names.ACCEPTANCE_RATE: np.array([rate], np.float32),
+            names.FINISH_REASON: np.array([finish_reason.encode()], object),
+            names.NGRAM_DRAFT_TOKENS: np.array([ngram_drafted], np.int32),
+            names.NGRAM_ACCEPTED_TOKENS: np.array([ngram_accepted], np.int32),
             names.GENERATION_ID: np.array([gid], np.uint64),
         }
-        return pb.InferenceResponse(output_tensors=[pb.Tensor(n, v) for n, v in tensors.items()])
+        sender.send(pb.InferenceResponse(output_tensors=[pb.Tensor(n, v)
+                                                         for n, v in tensors.items()]),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
