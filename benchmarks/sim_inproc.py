@@ -88,13 +88,15 @@ class Local:
             await asyncio.gather(*(worker() for _ in range(streams)))
 
         before = (self.target.simulated.over, self.target.simulated.calls,
-                  self.draft.simulated.over, self.draft.simulated.calls)
+                  self.draft.simulated.over, self.draft.simulated.calls,
+                  self.target.simulated.over_s + self.draft.simulated.over_s)
         target_s = self.target.simulated.simulated_s
         t0 = time.perf_counter()
         asyncio.run(all_streams())
         wall = time.perf_counter() - t0
         after = (self.target.simulated.over, self.target.simulated.calls,
-                 self.draft.simulated.over, self.draft.simulated.calls)
+                 self.draft.simulated.over, self.draft.simulated.calls,
+                 self.target.simulated.over_s + self.draft.simulated.over_s)
         d = [a - b for a, b in zip(after, before)]
         out = {"tokens": sum(s.num_output_tokens for _, s in reqs), "wall_s": wall,
                "request_s": sum(t for t, _ in reqs), "rounds": sum(s.rounds for _, s in reqs),
@@ -103,7 +105,7 @@ class Local:
                "drafted": sum(s.total_draft_tokens for _, s in reqs),
                "accepted": sum(s.total_accepted_draft_tokens for _, s in reqs),
                # calls whose real CPU compute outran the simulated time (not padded at all)
-               "calls_over_table": d[0] + d[2], "calls": d[1] + d[3],
+               "calls_over_table": d[0] + d[2], "calls": d[1] + d[3], "over_s": d[4],
                # a target call's device time (the table's, or the CPU's where that was longer)
                "target_execution_s": (self.target.simulated.simulated_s - target_s) / d[1]
                if d[1] else None}

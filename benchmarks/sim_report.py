@@ -31,9 +31,12 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
         at_x1 = local["round_ms"] / scale
         served_x1 = at_x1 + out["overhead_ms"]["round_ms"]
         out["projected_ratio_x1"] = at_x1 / served_x1 if served_x1 > 0 else None
-    lr = r.get("local")
-    if lr and lr.get("calls"):
-        out["local_calls_over_table"] = lr["calls_over_table"] / lr["calls"]
+    for side in ("local", "served"):
+        x = r.get(side)
+        if x and x.get("calls"):
+            out[f"{side}_calls_over_table"] = x["calls_over_table"] / x["calls"]
+            if "over_s" in x:   # the time they ran past it, over all calls
+                out[f"{side}_past_table_ms"] = x["over_s"] / x["calls"] * 1e3
     if r.get("served"):
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
         out["target_batch"] = r["served"].get("target_batch")
@@ -48,6 +51,10 @@ def _f(x, fmt=".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
 def _sizes(sizes: dict | None) -> str:
     """{rows: executions} as "1:131 3:95": JSON keeps the keys as text."""
     return " ".join(f"{b}:{n}" for b, n in sorted((int(b), n) for b, n in sizes.items())) \
@@ -60,13 +67,14 @@ def table(rows: list[dict]) -> str:
            "| of which draft call | verify call | outside calls | served / in-process at x1, "
            "projected | BLS calls/round | served target rows/batch | target executions by rows "
            "| target ms an execution in-process | served "
-           "| in-process calls over table |",
-           "|---|---:|---|" + "---:|" * 13 + "---|---:|---:|---:|"]
+           "| in-process calls over table | served "
+           "| ms a call past the table, in-process | served |",
+           "|---|---:|---|" + "---:|" * 13 + "---|" + "---:|" * 6]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
         calls = (r.get("bls_calls_per_round") or {}).get(prop)
-        over = r.get("local_calls_over_table")
+        over, served_over = r.get("local_calls_over_table"), r.get("served_calls_over_table")
         x1 = "n/a" if "ratio" in r and r["projected_ratio_x1"] is None else \
             _f(r.get("projected_ratio_x1"), ".2f")
         out.append(
@@ -80,5 +88,6 @@ def table(rows: list[dict]) -> str:
             f"| {_sizes(r.get('target_batch_sizes'))} "
             f"| {_f(r['target_execution_ms'].get('local'))} "
             f"| {_f(r['target_execution_ms'].get('served'))} "
-            f"| {_f(over if over is None else 100 * over, '.0f')} % |")
+            f"| {_pct(over)} | {_pct(served_over)} | {_f(r.get('local_past_table_ms'), '.2f')} "
+            f"| {_f(r.get('served_past_table_ms'), '.2f')} |")
     return "\n".join(out)

@@ -3,6 +3,7 @@ draft_model and target_model are padded to the simulated device ($SPECDEC_SIMULA
 from __future__ import annotations
 
 import queue
+import time
 
 from clients import GrpcClient, run_streams
 from progress import log
@@ -32,7 +33,8 @@ def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -
     target_model, not with whatever else on the machine simulates one."""
     env = {"SPECDEC_SIMULATE": str(args.table), "SPECDEC_SIMULATE_SCALE": str(args.scale),
            "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
-           "TMPDIR": str(args.device_dir), "SPECDEC_EAGLE_HEAD": str(args.head)}
+           "TMPDIR": str(args.device_dir), "SPECDEC_EAGLE_HEAD": str(args.head),
+           "SPECDEC_SIMULATE_STATS": str(args.device_dir)}
     if placement == "orchestrator":   # the target's engine, the draft beside it, hosted
         env |= {"SPECDEC_DRAFT_PLACEMENT": "target", "SPECDEC_TARGET_PLACEMENT": "orchestrator"}
     else:
@@ -40,7 +42,15 @@ def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -
     server = Server(args.target, args.draft, max_sequences, max_seq_len, env=env)
     # Hosted, target_model executes nothing but the supervisor's pings, which it refuses.
     server.hosted = placement == "orchestrator"
+    server.device_dir = args.device_dir
     return server
+
+
+def _published(server: Server) -> dict[str, float]:
+    """The served engines' simulated-device counts, once their last calls are published."""
+    from specdec import simulate
+    time.sleep(2 * simulate.PUBLISH_S)
+    return simulate.published(server.device_dir)
 
 
 def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
@@ -71,7 +81,9 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
         streams: int) -> dict:
     before, (sizes_before, compute_before) = server.metrics(), server.batch_stats(TARGET)
+    sim_before = _published(server)
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
+    sim = {key: value - sim_before[key] for key, value in _published(server).items()}
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
     per_round = server.by_label("specdec_bls_calls_per_round", "proposer")
@@ -88,6 +100,9 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            "drafted": d.get("specdec_draft_tokens_total", 0.0),
            "accepted": d.get("specdec_accepted_tokens_total", 0.0),
            "bls_calls_per_round": per_round,
+           # calls whose real CPU compute outran the simulated time, and by how much: on a
+           # host short of cores the server's other processes slow the tiny models' compute
+           "calls_over_table": sim["over"], "calls": sim["calls"], "over_s": sim["over_s"],
            # target_model's rows per execution: in process a round's rows make one batch
            "target_batch": sum(b * n for b, n in sizes.items()) / executions
            if executions else None,

@@ -66,6 +66,13 @@ def test_report_splits_the_overhead():
     text = sim_report.table([r, e])
     assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 | 1.50 | 1:2 2:1 |" in text
     assert "| 1:2 2:1 | 10.0 | 12.5 |" in text   # a target execution's ms: in process, served
+    # Calls whose real compute outran the table, each side: a share and ms a call past it.
+    local["calls_over_table"], local["calls"], local["over_s"] = 1, 50, 0.01
+    served.update(calls_over_table=10, calls=50, over_s=0.1)
+    o = sim_report.row("greedy", 1, "draft K=4", {"local": local, "served": served})
+    assert o["served_calls_over_table"] == pytest.approx(0.2)
+    assert o["served_past_table_ms"] == pytest.approx(2.0)
+    assert sim_report.table([o]).endswith("| 2 % | 20 % | 0.20 | 2.00 |")
     # Read back from JSON, the sizes are text keys.
     assert sim_report._sizes({"3": 4, "1": 5}) == "1:5 3:4" and sim_report._sizes(None) == "-"
 

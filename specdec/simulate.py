@@ -245,6 +245,7 @@ class SimStats:
     over: int = 0              # calls whose real compute already took longer than the table's
     real_s: float = 0.0
     simulated_s: float = 0.0
+    over_s: float = 0.0        # how much longer than the table's those calls took
     waited_s: float = 0.0      # for the shared device, before the call could start
     by_kind: dict[str, int] = field(default_factory=dict)
 
@@ -270,6 +271,7 @@ def _finish(stats: SimStats, t0: float, seconds: float, kind: str) -> None:
     stats.simulated_s += max(real, seconds)
     if real > seconds:
         stats.over += 1
+        stats.over_s += real - seconds
     elif seconds - real > 0:
         time.sleep(seconds - real)
 
@@ -351,4 +353,46 @@ def from_env(engine, role: str, env=os.environ):
           f"{table.device} x {scale:g} ({where}). For benchmarks only: this server is slowed "
           f"on purpose. ***",
           file=sys.stderr, flush=True)
-    return pad(engine, table, role, device)
+    engine = pad(engine, table, role, device)
+    if env.get(STATS_ENV):
+        colocated = getattr(engine, "drafters", {}).get(Proposer.DRAFT)
+        engine.simulated_publisher = _publish(
+            [engine.simulated] + ([colocated.engine.simulated] if colocated else []),
+            Path(env[STATS_ENV]) / f"{STATS_PREFIX}{role}-{os.getpid()}.json")
+    return engine
+
+
+# $SPECDEC_SIMULATE_STATS (a directory): a served engine's SimStats are rewritten there every
+# PUBLISH_S, where benchmarks read whether the CPU's real compute outran the table there too.
+STATS_ENV = "SPECDEC_SIMULATE_STATS"
+STATS_PREFIX = "specdec-simulated-stats-"
+PUBLISH_S = 0.25
+
+
+def _publish(stats: list[SimStats], path: Path) -> threading.Event:
+    """Starts the writer; setting the returned event stops it."""
+    stop = threading.Event()
+
+    def run():
+        while True:
+            total = {"calls": sum(s.calls for s in stats), "over": sum(s.over for s in stats),
+                     "over_s": sum(s.over_s for s in stats)}
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(total))
+            tmp.replace(path)
+            if stop.wait(PUBLISH_S):
+                return
+    threading.Thread(target=run, name="simulated-stats", daemon=True).start()
+    return stop
+
+
+def published(directory: Path) -> dict[str, float]:
+    """The served engines' SimStats summed (calls, over, over_s), as last published."""
+    out = {"calls": 0.0, "over": 0.0, "over_s": 0.0}
+    for path in Path(directory).glob(f"{STATS_PREFIX}*.json"):
+        try:
+            for key, value in json.loads(path.read_text()).items():
+                out[key] += value
+        except (OSError, ValueError):   # a file being replaced: the next reading has it
+            pass
+    return out

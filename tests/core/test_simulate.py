@@ -131,6 +131,26 @@ def test_from_env(pair_dir, tmp_path, capsys):
         simulate.from_env(target, "target", {simulate.ENV: str(tmp_path / "none.json")})
 
 
+def test_a_served_engine_publishes_its_calls_past_the_table(pair_dir, tmp_path, monkeypatch):
+    """from_env (the served side) rewrites the engine's counts in $SPECDEC_SIMULATE_STATS,
+    where simulated.py reads whether the server's compute outran the table; a table of 0.1 ms
+    a step is outrun by every call of the real model."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table_data(step_ms=0.1)))
+    target, draft = engines(pair_dir, torch.float32, 4, 64)
+    simulate.from_env(target, "target", {simulate.ENV: str(path),
+                                         simulate.STATS_ENV: str(tmp_path)})
+    time.sleep(2 * simulate.PUBLISH_S)
+    assert simulate.published(tmp_path)["calls"] == 0
+    generate(target, draft, [Request([1, 2, 3], 6, 0)])
+    time.sleep(3 * simulate.PUBLISH_S)
+    got, ts = simulate.published(tmp_path), target.simulated
+    assert got["calls"] == ts.calls >= 6 and got["over"] == ts.over == ts.calls
+    assert got["over_s"] == pytest.approx(ts.over_s) and ts.over_s > 0
+    assert 0 < ts.real_s - ts.over_s < ts.real_s   # the table's own times
+    target.simulated_publisher.set()
+
+
 def test_scale_multiplies_every_time(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table_data()))
