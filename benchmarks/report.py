@@ -25,6 +25,9 @@ METHOD = {
     "engine": "specdec.engine + specdec.loop in this process (specdec.local drafter and "
               "verifier, no Triton), same prompts, K=0 and the best K: the compute "
               "share of the Triton calls; loop ms = wall - draft - verify",
+    "cpu_by_process": "user + system CPU seconds of each server process (/proc/<pid>/stat, "
+                      "stubs named by their model) and of this process (the client, "
+                      "time.process_time) over each single-stream setting, per output token",
     "hf_assisted": "transformers assisted generation with its own defaults for the "
                    "number of draft tokens (see assistant_settings)",
 }
@@ -86,6 +89,14 @@ def tables(report: dict) -> str:
             "setting", "model", "calls", "call ms", "queue ms", "compute ms", "rest ms"], 2, [
             [setting, model, v["calls"], ms(v["call_s"]), ms(v["queue_s"]), ms(v["compute_s"]),
              ms(v["rest_s"])] for setting, model, v in calls])
+    cpu = [(r["setting"], r["cpu_s_per_token"], 1 / r["tokens_per_s"]) for r in single
+           if r.get("cpu_s_per_token")]
+    if cpu:
+        names = sorted({n for _, c, _ in cpu for n in c if n != "client"}) + ["client"]
+        lines += table("CPU ms per served token, by process (single stream)", [
+            "setting", *names, "all", "wall ms per token", "cores busy"], 1, [
+            [setting, *(ms(c.get(n)) for n in names), ms(sum(c.values())), ms(wall),
+             f"{sum(c.values()) / wall:.2f}"] for setting, c, wall in cpu])
     if report.get("concurrency"):
         lines += table("Concurrency (server)", [
             "setting", "streams", "requests", "aggregate tok/s", "per-stream tok/s",

@@ -53,6 +53,30 @@ def _proc_tree(pid: int) -> list[int]:
     return out
 
 
+def _process_name(pid: int) -> str | None:
+    """The model a backend stub serves, "tritonserver", or None (the launcher, the shell)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    for arg in argv:
+        parts = Path(arg.decode(errors="replace")).parts
+        if "model.py" in parts[-1:] and len(parts) >= 3:
+            return parts[-3]                 # <repository>/<model>/1/model.py
+    return "tritonserver" if argv and argv[0].endswith(b"tritonserver") else None
+
+
+def _cpu_s(pid: int) -> float:
+    """User and system CPU seconds a process has used."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _status_kb(pid: int, key: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -154,6 +178,16 @@ class Server:
         return {"peak_rss_bytes": self.peak_rss_kb * 1024,
                 "sum_of_process_peak_rss_bytes": sum(_status_kb(p, "VmHWM") for p in tree) * 1024,
                 "processes": len(tree)}
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each of the server's processes has used, by model (a backend stub) or
+        "tritonserver"; take differences over a run."""
+        out: dict[str, float] = {}
+        for pid in _proc_tree(self.proc.pid):
+            name = _process_name(pid)
+            if name:
+                out[name] = out.get(name, 0.0) + _cpu_s(pid)
+        return out
 
     def metrics(self) -> dict[str, float]:
         """Every specdec_* sample of the orchestrator, summed over its other labels."""

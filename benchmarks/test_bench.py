@@ -232,3 +232,18 @@ def test_compare_reads_acceptance_by_position_from_the_counters_deltas():
     after = ({"1": 30.0, "2": 14.0, "3": 0.0}, {"1": 15.0, "2": 3.0, "3": 0.0})
     # position 1: 10 accepted of 20 drafted; 2: 2 of 10; 3 never drafted in the setting
     assert compare.by_position(before, after) == [0.5, 0.2]
+
+
+def test_cpu_by_process_table_sums_the_processes_and_counts_busy_cores():
+    run = json.loads((Path(__file__).parent / "results" / "2026-11-22g-cpu-default.json")
+                     .read_text())
+    first = run["single_stream"][0]
+    first["cpu_s_per_token"] = {"speculative_decoding": 0.004, "tritonserver": 0.001,
+                                "client": 0.0005}
+    first["tokens_per_s"] = 200.0              # 5 ms a token
+    printed = report.markdown(run)
+    head = "| setting | speculative_decoding | tritonserver | client | all |"
+    assert head in printed
+    row = next(line for line in printed.splitlines()
+               if line.startswith(f"| {first['setting']} | 4.0 "))
+    assert row.endswith("| 4.0 | 1.0 | 0.5 | 5.5 | 5.0 | 1.10 |")

@@ -9,6 +9,7 @@ For another comparison on a server of its own (other SPECDEC_* settings):
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from clients import run_requests, server_request
@@ -43,9 +44,11 @@ def single_stream(server: Server, prompts: list[tuple[int, str]], ks: list[int],
         label = setting_name(k)
         for j in range(warmup):
             server_request(server.grpc_url, prompts[j % len(prompts)][1], -1, k, max_tokens)
-        stats_before = server.model_stats()
+        stats_before, cpu_before = server.model_stats(), server.cpu_seconds()
+        client_before = time.process_time()
         reqs, _, d = measured_run(server, prompts, k, max_tokens, 1, label)
-        stats_after = server.model_stats()
+        client_s = time.process_time() - client_before
+        stats_after, cpu_after = server.model_stats(), server.cpu_seconds()
         row = {"setting": label, "k": k, "backend": "triton", **latency_summary(reqs)}
         rounds = d.get("specdec_rounds_total", 0)
         drafted = d.get("specdec_draft_tokens_total", 0)
@@ -75,6 +78,12 @@ def single_stream(server: Server, prompts: list[tuple[int, str]], ks: list[int],
                         "verify_vs_k0": (verify_sum / verify_count) / k0_verify}
         row["bls_split"] = triton_split(stats_before, stats_after, {
             DRAFT: (draft_sum, draft_count), TARGET: (verify_sum, verify_count)})
+        tokens = sum(r.tokens for r in reqs)
+        # Where a served token's CPU goes, by process: on a host with few cores the server's
+        # other processes take the cores the engine's thread would have had.
+        row["cpu_s_per_token"] = {**{name: (cpu_after.get(name, 0.0) - cpu) / tokens
+                                     for name, cpu in cpu_before.items()},
+                                  "client": client_s / tokens}
         row["metric_deltas"] = d
         row["per_request"] = [{**asdict(r), "text": None} for r in reqs]
         rows.append(row)
