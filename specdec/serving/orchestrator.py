@@ -197,7 +197,8 @@ class Orchestrator:
     def _send(self, sender, ids: list[int], prefix: int, last: bool, counts: tuple,
               finish_reason: str, gid: int) -> None:
         """On the courier's thread: one streamed (or the final) response. counts: the prompt's
-        tokens, then the generation's counters in the order of names.STATS_OUTPUTS."""
+        tokens, then the generation's counters, in names.STATS_OUTPUTS' order less the finish
+        reason."""
         pb = self.pb
         prompt_tokens, out, drafted, accepted, rate, ngram_drafted, ngram_accepted = counts
         tensors = {
