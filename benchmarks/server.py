@@ -53,20 +53,6 @@ def _proc_tree(pid: int) -> list[int]:
     return out
 
 
-def _process_name(pid: int) -> str | None:
-    """The model a backend stub serves, "tritonserver", or None (the launcher, the shell)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return None
-    for arg in argv:
-        parts = Path(arg.decode(errors="replace")).parts
-        if "model.py" in parts[-1:] and len(parts) >= 3:
-            return parts[-3]                 # <repository>/<model>/1/model.py
-    return "tritonserver" if argv and argv[0].endswith(b"tritonserver") else None
-
-
 def _cpu_s(pid: int) -> float:
     """User and system CPU seconds a process has used."""
     try:
@@ -182,12 +168,8 @@ class Server:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds each of the server's processes has used, by model (a backend stub) or
         "tritonserver"; take differences over a run."""
-        out: dict[str, float] = {}
-        for pid in _proc_tree(self.proc.pid):
-            name = _process_name(pid)
-            if name:
-                out[name] = out.get(name, 0.0) + _cpu_s(pid)
-        return out
+        return {name: _cpu_s(pid)
+                for name, pid in procs.server_processes(self.proc.pid).items()}
 
     def metrics(self) -> dict[str, float]:
         """Every specdec_* sample of the orchestrator, summed over its other labels."""

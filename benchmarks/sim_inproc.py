@@ -87,17 +87,15 @@ class Local:
         async def all_streams():
             await asyncio.gather(*(worker() for _ in range(streams)))
 
-        before = (self.target.simulated.over, self.target.simulated.calls,
-                  self.draft.simulated.over, self.draft.simulated.calls,
-                  self.target.simulated.over_s + self.draft.simulated.over_s)
+        def counts():
+            t, d = self.target.simulated, self.draft.simulated
+            return t.over, t.calls, d.over, d.calls, t.over_s + d.over_s
+        before = counts()
         target_s = self.target.simulated.simulated_s
         t0 = time.perf_counter()
         asyncio.run(all_streams())
         wall = time.perf_counter() - t0
-        after = (self.target.simulated.over, self.target.simulated.calls,
-                 self.draft.simulated.over, self.draft.simulated.calls,
-                 self.target.simulated.over_s + self.draft.simulated.over_s)
-        d = [a - b for a, b in zip(after, before)]
+        d = [a - b for a, b in zip(counts(), before)]
         out = {"tokens": sum(s.num_output_tokens for _, s in reqs), "wall_s": wall,
                "request_s": sum(t for t, _ in reqs), "rounds": sum(s.rounds for _, s in reqs),
                "draft_s": sum(s.draft_s for _, s in reqs),

@@ -367,6 +367,7 @@ def from_env(engine, role: str, env=os.environ):
 STATS_ENV = "SPECDEC_SIMULATE_STATS"
 STATS_PREFIX = "specdec-simulated-stats-"
 PUBLISH_S = 0.25
+PUBLISHED = ("calls", "over", "over_s")   # the SimStats fields published
 
 
 def _publish(stats: list[SimStats], path: Path) -> threading.Event:
@@ -375,8 +376,7 @@ def _publish(stats: list[SimStats], path: Path) -> threading.Event:
 
     def run():
         while True:
-            total = {"calls": sum(s.calls for s in stats), "over": sum(s.over for s in stats),
-                     "over_s": sum(s.over_s for s in stats)}
+            total = {key: sum(getattr(s, key) for s in stats) for key in PUBLISHED}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(total))
             tmp.replace(path)
@@ -387,8 +387,8 @@ def _publish(stats: list[SimStats], path: Path) -> threading.Event:
 
 
 def published(directory: Path) -> dict[str, float]:
-    """The served engines' SimStats summed (calls, over, over_s), as last published."""
-    out = {"calls": 0.0, "over": 0.0, "over_s": 0.0}
+    """The served engines' SimStats summed (PUBLISHED), as last published."""
+    out = dict.fromkeys(PUBLISHED, 0.0)
     for path in Path(directory).glob(f"{STATS_PREFIX}*.json"):
         try:
             for key, value in json.loads(path.read_text()).items():
