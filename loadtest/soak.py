@@ -135,7 +135,8 @@ def request_counts(out: Path) -> dict[str, int]:
 
 
 def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: int, out: Path,
-         interval_s: float = 10.0, max_tokens: int = 64, extra: list[str] = ()) -> dict:
+         interval_s: float = 10.0, max_tokens: int = 64, extra: list[str] = (),
+         warm_s: float | None = None) -> dict:
     """Run the load and measure; the report's `problems` lists every goal missed."""
     out.mkdir(parents=True, exist_ok=True)
     restarts = {m: metric(metrics, "specdec_model_restarts_total", model=m)
@@ -158,7 +159,7 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
         time.sleep(1)
     leaked = {m: metric(metrics, "specdec_kv_slots_used", model=m)
               for m in ("draft_model", "target_model")}
-    warm = duration_s / 5
+    warm = duration_s / 5 if warm_s is None else warm_s   # allocator and cache warm-up
     memory = {}
     for name, points in sorted(sampler.series.items()):
         steady = [(t, v) for t, v in points if t >= warm] or points

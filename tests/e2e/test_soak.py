@@ -16,8 +16,10 @@ CI_SLOPE_LIMIT_MIB_PER_MIN = 10.0
 @pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust is not installed")
 def test_soak_minute(server, tmp_path):
     users = 2 * int(server.metric("specdec_kv_slots_total", model="target_model"))
+    # Samples every 5 s after 20 s of warm-up: at 10 s after 12 s, four points once read
+    # target_model's warm-up as 17 MiB/min (a fresh-clone CI of 0033266).
     r = soak(server.http, server.grpc, server.metrics, server.pid, 60, users, tmp_path,
-             max_tokens=32)
+             interval_s=5.0, max_tokens=32, warm_s=20.0)
     failures = tmp_path / "soak_failures.csv"
     assert r["locust_exit"] == 0, (failures.read_text() if failures.exists() else "",
                                    (tmp_path / "soak_locust.log").read_text()[-12000:])
