@@ -10,13 +10,12 @@
 #   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
 #   bash benchmarks/gpu_checklist.sh tp        # issue 30: tensor parallelism at 70B's shape,
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
+#   bash benchmarks/gpu_checklist.sh served    # item 3: in process against a real tritonserver
+#                                              # at 8B shapes, both placements: about 8 min
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
-# Item 3 (the same through tritonserver) needs nvidia-pytriton carried beside the checkout: its
-# 55 MB wheel and the 24 MB tree pass the tool's 64 MiB, but its server alone (bin/, backends/,
-# the 3.12 stub and nvidia_pytriton.libs less the 3.13 libpython: 105 MB) is a 27 MB tar.xz
-# (measured 2026-11-26), which fits with tritonclient's wheel. Not built yet: whether the 3.12
-# stub finds a libpython3.12 there is the first thing to check on the machine.
+# `served` needs .gpu/ from benchmarks/pack_server.sh carried (tritonserver and the client's
+# wheels; the machine has no nvidia-pytriton and no index to install it from).
 set -uo pipefail
 part=${1:-costs}
 # Results are written to a work folder and packed after every step into one archive under $OUT
@@ -110,8 +109,48 @@ tp)
     timeout 540 $py benchmarks/tp_costs.py --degrees "${DEGREES:-1,2,4}" --layers "${LAYERS:-20}" \
         --json "$out/tp-costs.json" 2>&1 | tee "$out/tp-costs.md"
     ;;
+served)
+    # 3. The same requests in process and through a real tritonserver, at 8B / 1B / the 8B head's
+    #    shapes with the server's defaults (bf16, CUDA graphs, the exact mode): tok/s of each,
+    #    the overhead per round split by call, BLS calls a round. The default placement (the
+    #    draft in target_model's process) and the hosted one (the target's engine in
+    #    speculative_decoding's), one server at a time beside the in-process engines (an 80 GB
+    #    GPU holds two copies of the pair, not three).
+    site=${SITE:-/tmp/site}
+    mkdir -p "$site"
+    tar -C "$site" -xJf .gpu/pytriton-server.tar.xz || exit 1
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .gpu/*.whl || exit 1
+    export PYTHONPATH=$site:$PYTHONPATH   # the installed package first, as a user runs it
+    ver=$($py -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    stub=$site/pytriton/tritonserver/python_backend_stubs/$ver/triton_python_backend_stub
+    libdir=$($py -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
+    # The stub links libpython$ver.so.1.0: this interpreter's (launch.py puts its LIBDIR on
+    # LD_LIBRARY_PATH), else any on the machine.
+    if LD_LIBRARY_PATH=$libdir:$site/nvidia_pytriton.libs ldd "$stub" | grep -q "not found"; then
+        lib=$(find / -xdev -name "libpython$ver.so.1.0" 2>/dev/null | head -1)
+        echo "libpython$ver not in $libdir; found: ${lib:-none}"
+        [ -n "$lib" ] && \
+            export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+    LD_LIBRARY_PATH=$libdir:$site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        ldd "$stub" | grep -E "python|not found" | tee "$out/stub-ldd.txt"
+    stamp "random pair and head (readable: served text decodes)"
+    timeout 170 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head \
+        --readable 2>&1 | tail -3
+    stamp "in process and served"
+    # Until BUDGET_S into the part; stopped there, it still prints what it measured.
+    timeout -k 30 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/simulated.py --table none \
+        --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
+        --placements "${PLACEMENTS:-auto,orchestrator}" \
+        --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 4 \
+        --max-tokens 48 --warmup 1 --out "$out/served.json" 2>&1 | tee "$out/served.md"
+    for log in /tmp/specdec-bench-*/tritonserver.log; do   # one a server
+        [ -f "$log" ] && cp "$log" "$out/tritonserver-$(basename "$(dirname "$log")").log"
+    done
+    ;;
 *)
-    echo "usage: $0 costs|exact|distill|tp" >&2
+    echo "usage: $0 costs|exact|distill|tp|served" >&2
     exit 2
     ;;
 esac

@@ -17,34 +17,62 @@ def _proposer(name: str):
     return Proposer(name)
 
 
+def _on_cpu(args, max_sequences: int, max_seq_len: int, margs):
+    """Target (with the head) and draft in float32 on the CPU, to be padded to the table."""
+    import torch
+
+    from specdec.engine import Engine
+    cpu = torch.device("cpu")
+    # As the server gives each model (settings.threads): spinning OpenMP threads on a shared
+    # CPU cost more than the simulated step itself.
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    return (Engine.load(str(args.target), max_sequences, max_seq_len, torch.float32, cpu,
+                        vocab_size=margs.vocab_size, head_path=str(args.head)),
+            Engine.load(str(args.draft), max_sequences, max_seq_len, torch.float32, cpu,
+                        vocab_size=margs.vocab_size))
+
+
+def _as_served(args, max_sequences: int, max_seq_len: int, margs):
+    """Target (with the head) and draft as target_model and draft_model load them by default:
+    the settings' device and dtype (CUDA and bf16 where there is a GPU), CUDA graphs there,
+    the target's batch-invariant arithmetic where the settings turn it on."""
+    import torch
+
+    from specdec.engine import Engine
+    from specdec.serving.settings import EngineSettings
+    s = EngineSettings(str(args.target), str(args.target), max_sequences, max_seq_len)
+    device, dtype = s.torch_device(), s.torch_dtype()
+    if device.type == "cpu":
+        torch.set_num_threads(s.threads())
+    common = dict(vocab_size=margs.vocab_size, attention_kind=s.attention,
+                  cuda_graphs=s.cuda_graphs and device.type == "cuda")
+    return (Engine.load(str(args.target), max_sequences, max_seq_len, dtype, device,
+                        head_path=str(args.head), batch_invariant=s.invariant("target", dtype),
+                        **common),
+            Engine.load(str(args.draft), max_sequences, max_seq_len, dtype, device, **common))
+
+
 class Local:
     """Target (with the head) and draft engines padded to the table, as the server loads them."""
 
     def __init__(self, args, max_sequences: int, max_seq_len: int):
-        import torch
-
         from specdec import simulate
         from specdec.config import ModelArgs
-        from specdec.engine import Engine
         from specdec.local import LocalDrafter, LocalVerifier
         from specdec.ngram import NgramProposer
         from specdec.policy import Planner
         margs = ModelArgs.from_dir(args.target)
-        cpu = torch.device("cpu")
-        # As the server gives each model (settings.threads): spinning OpenMP threads on a
-        # shared CPU cost more than the simulated step itself.
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-        table = simulate.load_table(args.table, args.scale)
-        # One process calls one engine at a time, so the shared device changes nothing here;
-        # held all the same, as the served side holds it.
-        device = None if args.own_draft_device else \
-            simulate.Device(args.device_dir / simulate.LOCK_NAME)
-        self.target = simulate.pad(Engine.load(
-            str(args.target), max_sequences, max_seq_len, torch.float32, cpu,
-            vocab_size=margs.vocab_size, head_path=str(args.head)), table, "target", device)
-        self.draft = simulate.pad(Engine.load(
-            str(args.draft), max_sequences, max_seq_len, torch.float32, cpu,
-            vocab_size=margs.vocab_size), table, "draft", device)
+        if args.table is None:   # this machine's own device, as the server loads it
+            self.target, self.draft = _as_served(args, max_sequences, max_seq_len, margs)
+        else:
+            table = simulate.load_table(args.table, args.scale)
+            # One process calls one engine at a time, so the shared device changes nothing
+            # here; held all the same, as the served side holds it.
+            device = None if args.own_draft_device else \
+                simulate.Device(args.device_dir / simulate.LOCK_NAME)
+            target, draft = _on_cpu(args, max_sequences, max_seq_len, margs)
+            self.target = simulate.pad(target, table, "target", device)
+            self.draft = simulate.pad(draft, table, "draft", device)
         self.verifier, self.drafter = LocalVerifier(self.target), LocalDrafter(self.draft)
         self.eos, self.max_seq_len = margs.eos_token_ids, max_seq_len
         self.planner = Planner(MAX_DRAFT_TOKENS, None, proposers=tuple(
@@ -88,10 +116,11 @@ class Local:
             await asyncio.gather(*(worker() for _ in range(streams)))
 
         def counts():
+            if not hasattr(self.target, "simulated"):   # no table: nothing padded
+                return 0, 0, 0, 0, 0.0, 0.0
             t, d = self.target.simulated, self.draft.simulated
-            return t.over, t.calls, d.over, d.calls, t.over_s + d.over_s
+            return t.over, t.calls, d.over, d.calls, t.over_s + d.over_s, t.simulated_s
         before = counts()
-        target_s = self.target.simulated.simulated_s
         t0 = time.perf_counter()
         asyncio.run(all_streams())
         wall = time.perf_counter() - t0
@@ -105,8 +134,7 @@ class Local:
                # calls whose real CPU compute outran the simulated time (not padded at all)
                "calls_over_table": d[0] + d[2], "calls": d[1] + d[3], "over_s": d[4],
                # a target call's device time (the table's, or the CPU's where that was longer)
-               "target_execution_s": (self.target.simulated.simulated_s - target_s) / d[1]
-               if d[1] else None}
+               "target_execution_s": d[5] / d[1] if d[1] else None}
         log(f"in process {mode.name} x{streams} {setting.label}: "
             f"{out['tokens'] / wall:.1f} tok/s")
         return out

@@ -50,8 +50,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
     ap.add_argument("--head", type=Path, default=DEFAULT_HEAD)
-    ap.add_argument("--table", type=Path, default=DEFAULT_TABLE,
-                    help="the simulated device's cost table (benchmarks/sim_tables.py)")
+    ap.add_argument("--table", default=str(DEFAULT_TABLE),
+                    help="the simulated device's cost table (benchmarks/sim_tables.py); none: "
+                         "no padding, every engine on this machine's own device with the "
+                         "server's defaults (a GPU: CUDA, bf16, graphs, the exact mode)")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="every table time x this (a slower simulated device), where the CPU's "
                          "own compute outruns the table; the report projects back to x1")
@@ -61,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--k", type=int, default=4, help="the fixed K of the draft model and head")
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--modes", default="greedy,sampled")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed requests before each run")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed requests before each run, at least one a stream")
     ap.add_argument("--only", choices=("both", "local", "served"), default="both")
     ap.add_argument("--placements", default="auto",
                     help="$SPECDEC_DRAFT_PLACEMENT of the served side, comma-separated: a server "
@@ -69,6 +72,10 @@ def parser() -> argparse.ArgumentParser:
                          "on the first); auto, target, separate, or orchestrator: the target's "
                          "engine with the draft in speculative_decoding's process "
                          "($SPECDEC_TARGET_PLACEMENT=orchestrator)")
+    ap.add_argument("--servers-in-turn", action="store_true",
+                    help="one server at a time, every setting in process again beside each: "
+                         "where the device holds the in-process engines and one server's, not "
+                         "more (three copies of an 8B pair on one 80 GB GPU)")
     ap.add_argument("--own-draft-device", action="store_true",
                     help="the draft model's calls on a simulated device of their own "
                          "(SPECDEC_SIMULATE_SHARED=0); by default draft and target share one, "
@@ -96,6 +103,7 @@ def parse(argv=None) -> argparse.Namespace:
     if not set(args.placement_list) <= {"auto", "target", "separate", "orchestrator"}:
         raise SystemExit(f"--placements {args.placements!r}: auto, target, separate or "
                          "orchestrator")
+    args.table = None if args.table == "none" else Path(args.table)
     if not args.scale > 0:
         raise SystemExit(f"--scale {args.scale}: must be > 0")
     if not 1 <= args.k <= MAX_DRAFT_TOKENS:

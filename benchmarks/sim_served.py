@@ -30,11 +30,12 @@ class SampledClient(GrpcClient):
 
 def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -> Server:
     """TMPDIR: the run's own simulated device (its lock file), shared by draft_model and
-    target_model, not with whatever else on the machine simulates one."""
-    env = {"SPECDEC_SIMULATE": str(args.table), "SPECDEC_SIMULATE_SCALE": str(args.scale),
-           "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
-           "TMPDIR": str(args.device_dir), "SPECDEC_EAGLE_HEAD": str(args.head),
-           "SPECDEC_SIMULATE_STATS": str(args.device_dir)}
+    target_model, not with whatever else on the machine simulates one. No table: no padding."""
+    env = {"TMPDIR": str(args.device_dir), "SPECDEC_EAGLE_HEAD": str(args.head)}
+    if args.table is not None:   # none: the engines on the machine's own device, unpadded
+        env |= {"SPECDEC_SIMULATE": str(args.table), "SPECDEC_SIMULATE_SCALE": str(args.scale),
+                "SPECDEC_SIMULATE_SHARED": "0" if args.own_draft_device else "1",
+                "SPECDEC_SIMULATE_STATS": str(args.device_dir)}
     if placement == "orchestrator":   # the target's engine, the draft beside it, hosted
         env |= {"SPECDEC_DRAFT_PLACEMENT": "target", "SPECDEC_TARGET_PLACEMENT": "orchestrator"}
     else:

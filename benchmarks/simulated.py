@@ -30,6 +30,38 @@ from sim_plan import parse
 from sim_report import row, table
 
 
+def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool):
+    """Each setting in process and served back to back (a server idles while this process
+    computes), so a change of load on the machine touches both sides alike; with several
+    placements, the draft model's on each server in turn (every setting on an "orchestrator"
+    one). named: the placement in every label (servers in turn)."""
+    for mode in args.mode_list:
+        for streams in args.stream_counts:
+            for s in args.setting_list:
+                local_r = None
+                # The warm-up reaches the run's batch shapes (CUDA graphs are captured the
+                # first time a shape comes): at least one request a stream, as many streams
+                warm = max(args.warmup, streams)
+                if local:
+                    local.run(prompts[:warm], s, mode, args.max_tokens, streams)
+                    local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
+                                        streams)
+                # The draft model's placements differ for the draft alone; the target's
+                # ("orchestrator") for every setting.
+                on = [(p, v) for i, (p, v) in enumerate(servers.items())
+                      if s.proposer == "draft" or i == 0 or p == "orchestrator"]
+                for placement, server in on or [(None, None)]:
+                    label = s.label if len(on) < 2 and not named else f"{s.label} ({placement})"
+                    r = results.setdefault((mode.name, streams, label), {})
+                    if local_r:
+                        r["local"] = local_r
+                    if server:
+                        import sim_served
+                        sim_served.run(server, texts[:warm], s, mode, args.max_tokens, streams)
+                        r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
+                                                     args.max_tokens, streams)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     exit_on_sigterm()
@@ -46,48 +78,36 @@ def main(argv=None) -> int:
         return max(args.prompts, streams)
     results = {}     # (mode, streams, label) -> {"local": ..., "served": ...}
     local = None
-    servers = {}     # placement -> Server
+    # Every placement's server at once, or (--servers-in-turn) one after another
+    groups = [[p] for p in args.placement_list] if args.servers_in_turn else \
+        [args.placement_list]
     try:
         if args.only in ("both", "local"):
             import sim_inproc
             local = sim_inproc.Local(args, streams_max, max_seq_len)
-        if args.only in ("both", "served"):
-            import sim_served
-            for placement in args.placement_list:
-                servers[placement] = sim_served.start(args, streams_max, max_seq_len, placement)
-        # Each setting in process and served back to back (a server idles while this process
-        # computes), so a change of load on the machine touches both sides alike; with several
-        # placements, the draft model's on each server in turn (every setting on an
-        # "orchestrator" one).
-        for mode in args.mode_list:
-            for streams in args.stream_counts:
-                for s in args.setting_list:
-                    local_r = None
-                    if local:
-                        local.run(prompts[:args.warmup], s, mode, args.max_tokens, 1)
-                        local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
-                                            streams)
-                    # The draft model's placements differ for the draft alone; the target's
-                    # ("orchestrator") for every setting.
-                    on = [(p, v) for i, (p, v) in enumerate(servers.items())
-                          if s.proposer == "draft" or i == 0 or p == "orchestrator"]
-                    for placement, server in on or [(None, None)]:
-                        label = s.label if len(on) < 2 else f"{s.label} ({placement})"
-                        r = results.setdefault((mode.name, streams, label), {})
-                        if local_r:
-                            r["local"] = local_r
-                        if server:
-                            sim_served.run(server, texts[:args.warmup], s, mode, args.max_tokens,
-                                           1)
-                            r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
-                                                         args.max_tokens, streams)
-    finally:
-        for server in servers.values():
-            server.stop()
+        for group in groups:
+            servers = {}     # placement -> Server
+            try:
+                if args.only in ("both", "served"):
+                    import sim_served
+                    for placement in group:
+                        servers[placement] = sim_served.start(args, streams_max, max_seq_len,
+                                                              placement)
+                _run_group(args, prompts, texts, local, servers, results, n,
+                           named=len(groups) > 1)
+            finally:
+                for server in servers.values():
+                    server.stop()
+    finally:   # stopped early (a timeout's SIGTERM, ^C): what was measured, still reported
+        _report(args, results)
+    return 0
+
+
+def _report(args, results: dict) -> None:
     rows = [row(mode, streams, label, r, args.scale)
             for (mode, streams, label), r in results.items()]
     print(f"{args.prompts} prompts (at least one per stream), {args.max_tokens} tokens, "
-          f"table {args.table.name} x {args.scale:g}, draft on "
+          f"{_device(args)}, draft on "
           f"{'a device of its own' if args.own_draft_device else 'the target device'}, "
           f"load {load_snapshot()['loadavg_1_5_15']}\n")
     print(table(rows))
@@ -95,7 +115,14 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({"argv": sys.argv, "machine": machine(),
                                         "git": git_state(), "rows": rows}, indent=1))
         log(f"wrote {args.out}")
-    return 0
+
+
+def _device(args) -> str:
+    if args.table is None:
+        from specdec.serving.settings import EngineSettings
+        s = EngineSettings()
+        return f"no table: {s.torch_device()}, {str(s.torch_dtype()).removeprefix('torch.')}"
+    return f"table {args.table.name} x {args.scale:g}"
 
 
 if __name__ == "__main__":
