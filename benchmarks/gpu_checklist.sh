@@ -122,6 +122,10 @@ served)
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$site" .gpu/*.whl || exit 1
     export PYTHONPATH=$site:$PYTHONPATH   # the installed package first, as a user runs it
+    # The stubs' embedded Python did not see PYTHONPATH's packages (H200, 2026-11-26): a .pth
+    # in this interpreter's site-packages puts the pack first there too.
+    purelib=$($py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import sys; sys.path.insert(0, '$site')" > "$purelib/0-specdec-gpu-site.pth"
     ver=$($py -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     stub=$site/pytriton/tritonserver/python_backend_stubs/$ver/triton_python_backend_stub
     libdir=$($py -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
