@@ -11,11 +11,14 @@
 #   bash benchmarks/gpu_checklist.sh tp        # issue 30: tensor parallelism at 70B's shape,
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
 #   bash benchmarks/gpu_checklist.sh served    # item 3: in process against a real tritonserver
-#                                              # at 8B shapes, both placements: about 8 min
+#                                              # at 8B shapes, both placements: 6-7 min (H200)
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
 # `served` needs .gpu/ from benchmarks/pack_server.sh carried (tritonserver and the client's
-# wheels; the machine has no nvidia-pytriton and no index to install it from).
+# wheels; the machine has no nvidia-pytriton and no index to install it from). With the tree
+# that passes the tool's 64 MiB only if the default models' weights (18 MB, unused there) stay
+# behind: `git rm --cached -q models/default/*/model.safetensors`, the same paths in
+# .git/info/exclude for the call, then `git reset -q models/default` and the lines removed.
 set -uo pipefail
 part=${1:-costs}
 # Results are written to a work folder and packed after every step into one archive under $OUT
@@ -26,6 +29,9 @@ mkdir -p "$out" "$dest"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
 pair=${PAIR:-/tmp/specdec-random-8b}
+# Random weights drawn on the GPU where there is one: the CPU took 94-108 s for the 8B pair on
+# the H200's machine, most of a served run's budget.
+draw=$($py -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null)
 scale=${SCALE:-1}    # a dry run on a CPU: SCALE=0.0625
 stamp() {
     tar czf "$dest/checklist-$part.tgz" -C "$out" . 2>/dev/null
@@ -42,8 +48,8 @@ costs)
     # their costs in process, CUDA graphs on (off was measured on the H200: 2.3x slower). With
     # the invariance on, each batch's head_accepted is the 8B target's end-to-end check.
     stamp "random pair and head"
-    timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head 2>&1 \
-        | tail -4
+    timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head \
+        --device "$draw" 2>&1 | tail -4
     stamp "costs"
     skip=${SELF_SKIP:-2,4,6,8,10,12,14,16,18,20,22,24,26,28}
     timeout 200 $py benchmarks/costs.py --pair "$pair" --calls "${CALLS:-10}" --warmup 3 \
@@ -91,7 +97,8 @@ distill)
     #    memory (distill_report.json: training.seconds, peak_gpu_bytes) against docs/distill.md's
     #    estimate. Few steps and prompts: the rate, not a head.
     stamp "random target"
-    timeout 200 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" 2>&1 | tail -2
+    timeout 200 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" \
+        --device "$draw" 2>&1 | tail -2
     stamp "distill"
     timeout 330 $py -m specdec.cli distill --method eagle3 --target "$pair/target" \
         --out /tmp/specdec-head-8b --gen-sequences 64 --gen-tokens 64 --steps 12 \
@@ -119,13 +126,27 @@ served)
     site=${SITE:-/tmp/site}
     mkdir -p "$site"
     tar -C "$site" -xJf .gpu/pytriton-server.tar.xz || exit 1
+    stubsite=/tmp/stub-site
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" .gpu/*.whl || exit 1
+        --target "$site" $(ls .gpu/*.whl | grep -v /numpy-) || exit 1
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$stubsite" .gpu/numpy-*.whl || exit 1
     export PYTHONPATH=$site:$PYTHONPATH   # the installed package first, as a user runs it
     # The stubs' embedded Python did not see PYTHONPATH's packages (H200, 2026-11-26): a .pth
-    # in this interpreter's site-packages puts the pack first there too.
+    # in this interpreter's site-packages puts the pack first there too. The stubs alone get
+    # numpy<2 (nvidia-pytriton's pin: under numpy 2.5 the 2.51 stub handed models each input
+    # as its first byte repeated), and no scipy or scikit-learn, which here need numpy 2
+    # (transformers imports them where they are installed).
     purelib=$($py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    echo "import sys; sys.path.insert(0, '$site')" > "$purelib/0-specdec-gpu-site.pth"
+    $py - "$site" "$stubsite" "$purelib" <<'EOF2'
+import pathlib, sys
+site, stub, purelib = sys.argv[1:]
+in_stub = (f"if open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].endswith("
+           f"b'triton_python_backend_stub'):\n"
+           f"    sys.path.insert(0, {stub!r}); sys.modules.update(sklearn=None, scipy=None)\n")
+pathlib.Path(purelib, "0-specdec-gpu-site.pth").write_text(
+    f"import sys; sys.path.insert(0, {site!r})\nimport sys; exec({in_stub!r})\n")
+EOF2
     ver=$($py -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     stub=$site/pytriton/tritonserver/python_backend_stubs/$ver/triton_python_backend_stub
     libdir=$($py -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
@@ -141,14 +162,17 @@ served)
         ldd "$stub" | grep -E "python|not found" | tee "$out/stub-ldd.txt"
     stamp "random pair and head (readable: served text decodes)"
     timeout 170 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head \
-        --readable 2>&1 | tail -3
+        --readable --device "$draw" 2>&1 | tail -3
     stamp "in process and served"
-    # Until BUDGET_S into the part; stopped there, it still prints what it measured.
+    # Until BUDGET_S into the part; stopped there, it still prints what it measured. Keep
+    # BUDGET_S under the call's limit (the device tool cuts a call at the session's budget,
+    # and then nothing is packed): the log also goes straight to $OUT.
     timeout -k 30 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/simulated.py --table none \
         --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
         --placements "${PLACEMENTS:-auto,orchestrator}" \
         --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 4 \
-        --max-tokens 48 --warmup 1 --out "$out/served.json" 2>&1 | tee "$out/served.md"
+        --max-tokens 48 --warmup 1 --out "$out/served.json" 2>&1 \
+        | tee "$out/served.md" "$dest/served-log.txt"
     for log in /tmp/specdec-bench-*/tritonserver.log; do   # one a server
         [ -f "$log" ] && cp "$log" "$out/tritonserver-$(basename "$(dirname "$log")").log"
     done

@@ -46,7 +46,12 @@ else
     pack_tritonserver
 fi
 rm -f .gpu/*.whl
-for spec in tritonclient==2.73.0 python-rapidjson==1.25 grpcio==1.85.1 protobuf==6.33.6; do
+# numpy<2, as nvidia-pytriton requires: under numpy 2.5 the 2.51 stub handed a model every
+# input tensor as its first byte repeated (seen on the H200, 2026-11-26). 18 MB: with it the
+# pack passes 64 MiB beside the tree, unless the default models' weights stay behind (see
+# docs/benchmarks.md, "Served on a GPU").
+for spec in tritonclient==2.73.0 python-rapidjson==1.25 grpcio==1.85.1 protobuf==6.33.6 \
+        numpy==1.26.4; do
     $py -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .gpu "$spec"
