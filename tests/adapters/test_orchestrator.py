@@ -93,8 +93,14 @@ def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, te
         last = streamed.sender.responses()[-1]
         assert finish_reason(last) == "length" and bool(out(last, names.IS_FINAL)[0])
         assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == 24
-        assert all(not out(r, names.IS_FINAL)[0] and finish_reason(r) == ""
-                   for r in streamed.sender.responses()[:-1])
+        # The statistics go with the last response alone: Triton's OpenAI frontend sums
+        # num_output_tokens over a stream's responses
+        for r in streamed.sender.responses()[:-1]:
+            assert not out(r, names.IS_FINAL)[0]
+            assert all(fake_pb.get_output_tensor_by_name(r, n) is None
+                       for n in names.STATS_OUTPUTS)
+        assert all(fake_pb.get_output_tensor_by_name(last, n) is not None
+                   for n in names.STATS_OUTPUTS)
     # Draft and target saw batches of several sequences, not one call per request; the
     # target's, a round of all four sequences under way (batching.py).
     assert max(serving.draft_bls.batches) > 1 and max(serving.target_bls.rows) == 4

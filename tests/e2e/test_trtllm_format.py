@@ -100,6 +100,23 @@ def test_frontend_requests_get_the_ensembles_own_text_and_both_counts(server, st
     assert int(last[names.NUM_OUTPUT_TOKENS].reshape(-1)[0]) == ours.num_output_tokens
 
 
+def test_usage_summed_over_a_stream_as_the_frontend_sums_it_is_the_count(server):
+    """Triton's OpenAI frontend adds up num_output_tokens over the responses of a stream that
+    carry both counts, taking num_input_tokens from the first (vLLM's and TensorRT-LLM's
+    convention: a response counts its own tokens). The statistics ride on the last response
+    alone, so that sum is the generation's count, not a sum of running totals."""
+    ours = generate(server.http, PROMPT, GenerationParams(max_tokens=24, temperature=0.0))
+    responses, error = send(server, frontend_request(PROMPT, stream=True, max_tokens=24,
+                                                     temperature=0.0))
+    assert error is None, error
+    counted = [r for r in responses if r[names.NUM_INPUT_TOKENS] is not None
+               and r[names.NUM_OUTPUT_TOKENS] is not None]
+    assert len(responses) > 1 and len(counted) == 1 and counted[0] is responses[-1]
+    completion = sum(int(r[names.NUM_OUTPUT_TOKENS].reshape(-1)[0]) for r in counted)
+    assert completion == ours.num_output_tokens == 24
+    assert int(counted[0][names.NUM_INPUT_TOKENS].reshape(-1)[0]) == ours.num_input_tokens
+
+
 def test_stop_words_and_a_sampling_seed_as_the_frontend_sends_them(server):
     first = generate(server.http, PROMPT, GenerationParams(max_tokens=16, temperature=0.0)).text
     stop = first.strip().split()[1]
