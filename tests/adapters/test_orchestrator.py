@@ -93,12 +93,15 @@ def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, te
         last = streamed.sender.responses()[-1]
         assert finish_reason(last) == "length" and bool(out(last, names.IS_FINAL)[0])
         assert int(out(last, names.NUM_OUTPUT_TOKENS)[0]) == 24
-        # The statistics go with the last response alone: Triton's OpenAI frontend sums
-        # num_output_tokens over a stream's responses
+        # num_output_tokens so far on every response, the other statistics on the last
+        # alone: Triton's OpenAI frontend sums the responses that carry both token counts
+        so_far = []
         for r in streamed.sender.responses()[:-1]:
             assert not out(r, names.IS_FINAL)[0]
+            so_far.append(int(out(r, names.NUM_OUTPUT_TOKENS)[0]))
             assert all(fake_pb.get_output_tensor_by_name(r, n) is None
-                       for n in names.STATS_OUTPUTS)
+                       for n in names.STATS_OUTPUTS if n != names.NUM_OUTPUT_TOKENS)
+        assert so_far == sorted(set(so_far)) and 0 < so_far[0] and so_far[-1] <= 24
         assert all(fake_pb.get_output_tensor_by_name(last, n) is not None
                    for n in names.STATS_OUTPUTS)
     # Draft and target saw batches of several sequences, not one call per request; the

@@ -103,8 +103,9 @@ def test_frontend_requests_get_the_ensembles_own_text_and_both_counts(server, st
 def test_usage_summed_over_a_stream_as_the_frontend_sums_it_is_the_count(server):
     """Triton's OpenAI frontend adds up num_output_tokens over the responses of a stream that
     carry both counts, taking num_input_tokens from the first (vLLM's and TensorRT-LLM's
-    convention: a response counts its own tokens). The statistics ride on the last response
-    alone, so that sum is the generation's count, not a sum of running totals."""
+    convention: a response counts its own tokens). Both ride on the last response alone
+    (num_output_tokens, so far, on every one), so that sum is the generation's count, not a
+    sum of running totals."""
     ours = generate(server.http, PROMPT, GenerationParams(max_tokens=24, temperature=0.0))
     responses, error = send(server, frontend_request(PROMPT, stream=True, max_tokens=24,
                                                      temperature=0.0))
