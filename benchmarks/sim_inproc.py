@@ -53,7 +53,8 @@ def _as_served(args, max_sequences: int, max_seq_len: int, margs):
 
 
 class Local:
-    """Target (with the head) and draft engines padded to the table, as the server loads them."""
+    """Target (with the head) and draft engines padded to the table, or with no table
+    (--table none) unpadded on the machine's own device, as the server loads them."""
 
     def __init__(self, args, max_sequences: int, max_seq_len: int):
         from specdec import simulate

@@ -22,6 +22,22 @@ def test_default_plan():
         ("draft auto", "draft", sim_plan.AUTO), ("eagle K=4", "eagle", 4)]
     assert args.table.is_file() and args.head.is_dir() and args.scale == 1.0
     assert sim_plan.parse(["--scale", "4"]).scale == 4.0
+    assert sim_plan.parse(["--table", "none"]).table is None and not args.servers_in_turn
+
+
+def test_no_table_loads_the_engines_as_the_server_does_and_runs_them_unpadded():
+    """--table none: the server's default device and dtype (here the CPU, float32), nothing
+    padded, nothing counted against a table."""
+    import sim_inproc
+    import torch
+    args = sim_plan.parse(["--table", "none"])
+    local = sim_inproc.Local(args, 2, 128)
+    assert not hasattr(local.target, "simulated") and not hasattr(local.draft, "simulated")
+    assert local.target.dtype == local.draft.dtype == torch.float32
+    tok = sim_plan.Setting("target-only", None, 0)
+    r = local.run([([5, 17, 200, 33], "a prompt")], tok, args.mode_list[0], 6, 1)
+    assert r["tokens"] == 6 and r["rounds"] == 6 and r["calls"] == 0
+    assert r["target_execution_s"] is None
 
 
 def test_quick_and_refusals():
