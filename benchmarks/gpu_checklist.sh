@@ -170,8 +170,8 @@ EOF2
     timeout -k 30 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/simulated.py --table none \
         --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
         --placements "${PLACEMENTS:-auto,orchestrator}" \
-        --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 4 \
-        --max-tokens 48 --warmup 1 --out "$out/served.json" 2>&1 \
+        --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 6 \
+        --max-tokens 48 --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"
     for log in /tmp/specdec-bench-*/tritonserver.log; do   # one a server
         [ -f "$log" ] && cp "$log" "$out/tritonserver-$(basename "$(dirname "$log")").log"

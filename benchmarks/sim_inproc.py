@@ -122,9 +122,9 @@ class Local:
             t, d = self.target.simulated, self.draft.simulated
             return t.over, t.calls, d.over, d.calls, t.over_s + d.over_s, t.simulated_s
         before = counts()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         asyncio.run(all_streams())
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         d = [a - b for a, b in zip(counts(), before)]
         out = {"tokens": sum(s.num_output_tokens for _, s in reqs), "wall_s": wall,
                "request_s": sum(t for t, _ in reqs), "rounds": sum(s.rounds for _, s in reqs),
@@ -135,7 +135,8 @@ class Local:
                # calls whose real CPU compute outran the simulated time (not padded at all)
                "calls_over_table": d[0] + d[2], "calls": d[1] + d[3], "over_s": d[4],
                # a target call's device time (the table's, or the CPU's where that was longer)
-               "target_execution_s": d[5] / d[1] if d[1] else None}
+               "target_execution_s": d[5] / d[1] if d[1] else None,
+               "cpu_s": {"in process": cpu}}
         log(f"in process {mode.name} x{streams} {setting.label}: "
             f"{out['tokens'] / wall:.1f} tok/s")
         return out

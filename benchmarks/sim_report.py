@@ -41,6 +41,11 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
         out["target_batch"] = r["served"].get("target_batch")
         out["target_batch_sizes"] = r["served"].get("target_batch_sizes")
+    # CPU ms a served token, by process (this one's for the in-process side)
+    out["cpu_ms_per_token"] = {
+        side: {name: sec / r[side]["tokens"] * 1e3 for name, sec in r[side]["cpu_s"].items()}
+        for side in ("local", "served")
+        if r.get(side) and r[side].get("cpu_s") and r[side]["tokens"]}
     out["target_execution_ms"] = {
         side: r[side]["target_execution_s"] * 1e3 for side in ("local", "served")
         if r.get(side) and r[side].get("target_execution_s") is not None}
@@ -90,4 +95,30 @@ def table(rows: list[dict]) -> str:
             f"| {_f(r['target_execution_ms'].get('served'))} "
             f"| {_pct(over)} | {_pct(served_over)} | {_f(r.get('local_past_table_ms'), '.2f')} "
             f"| {_f(r.get('served_past_table_ms'), '.2f')} |")
+    return "\n".join(out)
+
+
+def cpu_table(rows: list[dict]) -> str:
+    """CPU ms per token by process, in process and served, and the cores each side kept busy
+    (its CPU seconds over its wall seconds)."""
+    served_names = sorted({n for r in rows for n in r["cpu_ms_per_token"].get("served", {})})
+    if not served_names and not any("local" in r["cpu_ms_per_token"] for r in rows):
+        return ""
+    out = ["| mode | streams | setting | in process | " + " | ".join(served_names)
+           + " | served, all | cores busy in process | served |",
+           "|---|---:|---|" + "---:|" * (len(served_names) + 4)]
+    for r in rows:
+        lo = r["cpu_ms_per_token"].get("local", {})
+        se = r["cpu_ms_per_token"].get("served", {})
+        busy = {}
+        for side, ms in (("local", lo), ("served", se)):
+            x = (r["raw"].get(side) or {})
+            if ms and x.get("wall_s"):
+                busy[side] = sum(ms.values()) * x["tokens"] / 1e3 / x["wall_s"]
+        out.append(
+            f"| {r['mode']} | {r['streams']} | {r['setting']} "
+            f"| {_f(lo.get('in process'), '.2f')} | "
+            + " | ".join(_f(se.get(n), ".2f") for n in served_names)
+            + f" | {_f(sum(se.values()) if se else None, '.2f')} "
+            f"| {_f(busy.get('local'), '.2f')} | {_f(busy.get('served'), '.2f')} |")
     return "\n".join(out)

@@ -83,7 +83,12 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
         streams: int) -> dict:
     before, (sizes_before, compute_before) = server.metrics(), server.batch_stats(TARGET)
     sim_before = _published(server)
+    cpu_before, client_before = server.cpu_seconds(), time.process_time()
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
+    # CPU seconds of each server process and of this one (the streams' client threads): on
+    # a GPU host, where the compute leaves the cores to serving, which process is busy
+    cpu = {name: s - cpu_before.get(name, 0.0) for name, s in server.cpu_seconds().items()}
+    cpu["client"] = time.process_time() - client_before
     sim = {key: value - sim_before[key] for key, value in _published(server).items()}
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
@@ -108,6 +113,7 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            "target_batch": sum(b * n for b, n in sizes.items()) / executions
            if executions else None,
            "target_batch_sizes": {b: n for b, n in sizes.items() if n},
+           "cpu_s": cpu,
            # against a target call in process: the device's time, or the CPU's
            "target_execution_s": (compute_after - compute_before) / executions
            if executions else None}

@@ -27,7 +27,7 @@ from machine import git_state, load_snapshot, machine
 from progress import log
 from server import default_max_seq_len, exit_on_sigterm
 from sim_plan import parse
-from sim_report import row, table
+from sim_report import cpu_table, row, table
 
 
 def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool):
@@ -111,6 +111,9 @@ def _report(args, results: dict) -> None:
           f"{'a device of its own' if args.own_draft_device else 'the target device'}, "
           f"load {load_snapshot()['loadavg_1_5_15']}\n")
     print(table(rows))
+    cpu = cpu_table(rows)
+    if cpu:
+        print(f"\nCPU ms per token by process, and cores busy\n\n{cpu}")
     if args.out:
         args.out.write_text(json.dumps({"argv": sys.argv, "machine": machine(),
                                         "git": git_state(), "rows": rows}, indent=1))

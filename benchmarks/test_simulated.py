@@ -89,6 +89,16 @@ def test_report_splits_the_overhead():
     assert o["served_calls_over_table"] == pytest.approx(0.2)
     assert o["served_past_table_ms"] == pytest.approx(2.0)
     assert sim_report.table([o]).endswith("| 2 % | 20 % | 0.20 | 2.00 |")
+    # CPU by process: ms a token each side, and the cores each side kept busy.
+    local["cpu_s"] = {"in process": 0.5}
+    served["cpu_s"] = {"speculative_decoding": 0.6, "client": 0.2, "tritonserver": 0.1}
+    c = sim_report.row("greedy", 16, "target-only", {"local": local, "served": served})
+    assert c["cpu_ms_per_token"]["served"]["speculative_decoding"] == pytest.approx(6.0)
+    cpu = sim_report.cpu_table([c])
+    assert "| in process | client | speculative_decoding | tritonserver | served, all |" in cpu
+    # 0.5 s of 1.0 s in process; 0.9 s of 1.25 s served
+    assert cpu.endswith("| 16 | target-only | 5.00 | 2.00 | 6.00 | 1.00 | 9.00 | 0.50 | 0.72 |")
+    assert sim_report.cpu_table([o]) == ""   # a run that took none
     # Read back from JSON, the sizes are text keys.
     assert sim_report._sizes({"3": 4, "1": 5}) == "1:5 3:4" and sim_report._sizes(None) == "-"
 
