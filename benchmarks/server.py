@@ -120,12 +120,18 @@ class Server:
         self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
         self._sampler.start()
         t0 = time.monotonic()
-        while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() - t0 > startup_timeout_s:
-                tail = self.log_path.read_text(errors="replace")[-4000:]
-                self.stop()
-                raise SystemExit(f"tritonserver did not become ready:\n{tail}")
-            time.sleep(1)
+        try:
+            while not self._ready():
+                if self.proc.poll() is not None or time.monotonic() - t0 > startup_timeout_s:
+                    tail = self.log_path.read_text(errors="replace")[-4000:]
+                    raise SystemExit(f"tritonserver did not become ready:\n{tail}")
+                time.sleep(1)
+        except BaseException:
+            # Also a SIGTERM (exit_on_sigterm) or ^C while it starts: no caller holds this
+            # Server yet to stop it, and its process group, a session of its own, outlives
+            # us (a timeout-stopped run left a tritonserver running for an hour, 2026-11-26).
+            self.stop()
+            raise
         self.startup_s = time.monotonic() - t0
         log(f"tritonserver ready after {self.startup_s:.1f} s")
 

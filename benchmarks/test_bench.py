@@ -247,3 +247,29 @@ def test_cpu_by_process_table_sums_the_processes_and_counts_busy_cores():
     row = next(line for line in printed.splitlines()
                if line.startswith(f"| {first['setting']} | 4.0 "))
     assert row.endswith("| 4.0 | 1.0 | 0.5 | 5.5 | 5.0 | 1.10 |")
+
+
+def test_a_server_stopped_while_it_starts_takes_its_processes_with_it(tmp_path, monkeypatch):
+    """A SIGTERM (exit_on_sigterm's SystemExit) or ^C while the server starts: nobody holds
+    the Server yet, so the constructor stops the process group it started itself."""
+    import os
+    import subprocess
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kw):   # a stand-in for the launcher, in a session of its own as it is
+        started.append(real_popen(["sleep", "60"], start_new_session=True,
+                                  stdout=kw.get("stdout"), stderr=kw.get("stderr")))
+        return started[-1]
+
+    def interrupted(self):
+        raise SystemExit(143)
+    monkeypatch.setattr(server.subprocess, "Popen", popen)
+    monkeypatch.setattr(server.Server, "_ready", interrupted)
+    target = Path(__file__).resolve().parents[1] / "models" / "default"
+    with pytest.raises(SystemExit):
+        server.Server(target / "target", target / "draft", max_seq_len=64, workdir=tmp_path)
+    [proc] = started
+    assert proc.wait(timeout=10) is not None   # killed, not left to run its minute
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
