@@ -35,6 +35,10 @@ MIB = 1024 * 1024
 # Memory may rise this much per minute in any process before `problems` calls it a leak; a CI
 # minute is short and noisy, so its bound is looser than a long run's.
 RSS_SLOPE_LIMIT_MIB_PER_MIN = 2.0
+# The processes that compute with torch: their RSS wanders by 10-40 MiB over tens of seconds
+# under load with no trend (target_model, 3 minutes of 0.25-s samples: 387-428 MiB; slopes
+# fitted over 40-s windows from -29 to +11 MiB/min), where the others' rise smoothly.
+ENGINE_PROCESSES = ("target_model", "draft_model")
 
 
 def rss_mib(pid: int) -> float | None:
@@ -182,7 +186,10 @@ def soak(http: str, grpc: str, metrics: str, pid: int, duration_s: int, users: i
     return report
 
 
-def problems(r: dict, slope_limit: float = RSS_SLOPE_LIMIT_MIB_PER_MIN) -> list[str]:
+def problems(r: dict, slope_limit: float = RSS_SLOPE_LIMIT_MIB_PER_MIN,
+             engine_slope_limit: float | None = None) -> list[str]:
+    """Every goal missed. `engine_slope_limit`: the bound for ENGINE_PROCESSES where a short
+    run needs a looser one than the others (default: `slope_limit`)."""
     out = []
     if r["locust_exit"] != 0:
         out.append(f"locust exited {r['locust_exit']} (soak_locust.log)")
@@ -196,7 +203,9 @@ def problems(r: dict, slope_limit: float = RSS_SLOPE_LIMIT_MIB_PER_MIN) -> list[
     if any(r["model_restarts"].values()) or r["restarted_processes"]:
         out.append(f"server processes restarted: {r['restarted_processes']}")
     for name, m in r["memory"].items():
-        if m["slope_mib_per_min"] > slope_limit:
+        limit = slope_limit if name not in ENGINE_PROCESSES else (
+            engine_slope_limit if engine_slope_limit is not None else slope_limit)
+        if m["slope_mib_per_min"] > limit:
             out.append(f"{name}: memory grows {m['slope_mib_per_min']} MiB/min")
     return out
 

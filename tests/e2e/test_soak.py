@@ -8,9 +8,12 @@ import pytest
 
 from loadtest.soak import problems, soak
 
-# A minute with 10-s samples cannot tell a slow leak from warm-up noise: 10 MiB/min here, the
-# 10-minute soak holds 2.
+# A minute cannot tell a slow leak from noise: 10 MiB/min here, the 10-minute soak holds 2. The
+# engine's process wanders (soak.ENGINE_PROCESSES): 40-s slopes with no leak ranged -29 to +11
+# MiB/min, and 10.4 failed a CI run of 1a7590f; 30 still catches a leak of about 80 KB a
+# request at this load's 380 requests a minute.
 CI_SLOPE_LIMIT_MIB_PER_MIN = 10.0
+CI_ENGINE_SLOPE_LIMIT_MIB_PER_MIN = 30.0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust is not installed")
@@ -25,4 +28,4 @@ def test_soak_minute(server, tmp_path):
                                    (tmp_path / "soak_locust.log").read_text()[-12000:])
     assert r["requests"] >= 2 * users and r["cancelled"] > 0, r
     assert len(r["memory"]) == 7 and all(m["samples"] >= 6 for m in r["memory"].values()), r
-    assert problems(r, CI_SLOPE_LIMIT_MIB_PER_MIN) == [], r
+    assert problems(r, CI_SLOPE_LIMIT_MIB_PER_MIN, CI_ENGINE_SLOPE_LIMIT_MIB_PER_MIN) == [], r
