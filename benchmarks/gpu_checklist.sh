@@ -169,7 +169,7 @@ EOF2
     # and then nothing is packed): the log also goes straight to $OUT.
     timeout -k 30 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/simulated.py --table none \
         --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
-        --placements "${PLACEMENTS:-auto,orchestrator}" \
+        --placements "${PLACEMENTS:-auto,target}" \
         --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 6 \
         --max-tokens 48 --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"

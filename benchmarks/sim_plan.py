@@ -67,11 +67,13 @@ def parser() -> argparse.ArgumentParser:
                     help="untimed requests before each run, at least one a stream")
     ap.add_argument("--only", choices=("both", "local", "served"), default="both")
     ap.add_argument("--placements", default="auto",
-                    help="$SPECDEC_DRAFT_PLACEMENT of the served side, comma-separated: a server "
-                         "each, the draft model's settings run on every one in turn (the others "
-                         "on the first); auto, target, separate, or orchestrator: the target's "
-                         "engine with the draft in speculative_decoding's process "
-                         "($SPECDEC_TARGET_PLACEMENT=orchestrator)")
+                    help="the served side's placements, comma-separated: a server each, the "
+                         "draft model's settings run on every one in turn (the others on the "
+                         "first and on every hosted one); auto: the server's defaults (the "
+                         "target's engine with the draft in speculative_decoding's process); "
+                         "orchestrator: the same, set explicitly; target, separate: "
+                         "$SPECDEC_DRAFT_PLACEMENT with the target's engine in target_model "
+                         "($SPECDEC_TARGET_PLACEMENT=separate)")
     ap.add_argument("--servers-in-turn", action="store_true",
                     help="one server at a time, every setting in process again beside each: "
                          "where the device holds the in-process engines and one server's, not "

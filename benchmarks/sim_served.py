@@ -38,11 +38,11 @@ def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -
                 "SPECDEC_SIMULATE_STATS": str(args.device_dir)}
     if placement == "orchestrator":   # the target's engine, the draft beside it, hosted
         env |= {"SPECDEC_DRAFT_PLACEMENT": "target", "SPECDEC_TARGET_PLACEMENT": "orchestrator"}
-    else:
-        env["SPECDEC_DRAFT_PLACEMENT"] = placement
+    elif placement != "auto":   # auto: the server's defaults (hosted, an unsharded target)
+        env |= {"SPECDEC_DRAFT_PLACEMENT": placement, "SPECDEC_TARGET_PLACEMENT": "separate"}
     server = Server(args.target, args.draft, max_sequences, max_seq_len, env=env)
     # Hosted, target_model executes nothing but the supervisor's pings, which it refuses.
-    server.hosted = placement == "orchestrator"
+    server.hosted = placement in ("auto", "orchestrator")
     server.device_dir = args.device_dir
     return server
 

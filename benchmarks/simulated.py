@@ -33,8 +33,8 @@ from sim_report import cpu_table, row, table
 def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool):
     """Each setting in process and served back to back (a server idles while this process
     computes), so a change of load on the machine touches both sides alike; with several
-    placements, the draft model's on each server in turn (every setting on an "orchestrator"
-    one). named: the placement in every label (servers in turn)."""
+    placements, the draft model's on each server in turn (every setting on one whose target is
+    hosted: auto, orchestrator). named: the placement in every label (servers in turn)."""
     for mode in args.mode_list:
         for streams in args.stream_counts:
             for s in args.setting_list:
@@ -47,9 +47,9 @@ def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, nam
                     local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
                                         streams)
                 # The draft model's placements differ for the draft alone; the target's
-                # ("orchestrator") for every setting.
+                # (hosted or in target_model) for every setting.
                 on = [(p, v) for i, (p, v) in enumerate(servers.items())
-                      if s.proposer == "draft" or i == 0 or p == "orchestrator"]
+                      if s.proposer == "draft" or i == 0 or v.hosted]
                 for placement, server in on or [(None, None)]:
                     label = s.label if len(on) < 2 and not named else f"{s.label} ({placement})"
                     r = results.setdefault((mode.name, streams, label), {})

@@ -35,10 +35,11 @@ MIB = 1024 * 1024
 # Memory may rise this much per minute in any process before `problems` calls it a leak; a CI
 # minute is short and noisy, so its bound is looser than a long run's.
 RSS_SLOPE_LIMIT_MIB_PER_MIN = 2.0
-# The processes that compute with torch: their RSS wanders by 10-40 MiB over tens of seconds
-# under load with no trend (target_model, 3 minutes of 0.25-s samples: 387-428 MiB; slopes
-# fitted over 40-s windows from -29 to +11 MiB/min), where the others' rise smoothly.
-ENGINE_PROCESSES = ("target_model", "draft_model")
+# The processes that may hold an engine (by default speculative_decoding, with the target
+# hosted): their RSS wanders by 10-40 MiB over tens of seconds under load with no trend
+# (target_model, 3 minutes of 0.25-s samples: 387-428 MiB; slopes fitted over 40-s windows
+# from -29 to +11 MiB/min), where the others' rise smoothly.
+ENGINE_PROCESSES = ("speculative_decoding", "target_model", "draft_model")
 
 
 def rss_mib(pid: int) -> float | None:

@@ -88,7 +88,7 @@ def test_soak_slope_and_problems():
     assert len(found) == 3 and "unexpected failures" in found[0] and "target_model" in found[2]
     assert problems(bad, slope_limit=10.0)[-1].startswith("slots")
     wander = {**good, "memory": {"target_model": {"slope_mib_per_min": 20.0},
-                                 "speculative_decoding": {"slope_mib_per_min": 12.0}}}
-    assert problems(wander, 10.0, 30.0) == ["speculative_decoding: memory grows 12.0 MiB/min"]
+                                 "tritonserver": {"slope_mib_per_min": 12.0}}}
+    assert problems(wander, 10.0, 30.0) == ["tritonserver: memory grows 12.0 MiB/min"]
     assert len(problems(wander, 10.0)) == 2 and len(problems(wander, 15.0, 25.0)) == 0
     assert problems({**good, "locust_exit": "did not stop"})[0].startswith("locust exited")

@@ -8,7 +8,7 @@ model reads them through `model_paths`. docs/configuration.md lists every settin
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,7 +125,7 @@ def model_paths(params: dict) -> ModelPaths:
 
 
 PLACEMENTS = ("auto", "target", "separate")
-TARGET_PLACEMENTS = ("separate", "orchestrator")
+TARGET_PLACEMENTS = ("auto", "separate", "orchestrator")
 
 
 @dataclass(frozen=True)
@@ -142,11 +142,12 @@ class InTargetSettings:
     target_placement: separate: the target's engine in target_model, a BLS call a round;
     orchestrator: in speculative_decoding's process, beside the loop (serving/hosted.py): no
     call, no stub boundary, no queue a round, and target_model loads nothing. "target_model's
-    process" above then means that one."""
+    process" above then means that one. auto: orchestrator, or separate where the target is
+    sharded (its ranks are started from target_model)."""
     draft_placement: str = "auto"
     self_skip: str = ""           # target layers SWIFT skips (swift.py), e.g. "3,5,7-9"; "": off
     medusa_heads_path: str = ""   # Medusa-1 heads (medusa/); "": none
-    target_placement: str = "separate"
+    target_placement: str = "auto"
 
     @classmethod
     def parse(cls, params: dict) -> "InTargetSettings":
@@ -160,6 +161,8 @@ class InTargetSettings:
         degree, _ = _lookup(params, "tensor_parallel", ENV_PREFIX + "TENSOR_PARALLEL")
         devices, _ = _lookup(params, "target_devices", ENV_PREFIX + "TARGET_DEVICES")
         sharded = int(degree or 1) > 1 or len((devices or "").split(",")) > 1
+        if s.target_placement == "auto":
+            s = replace(s, target_placement="separate" if sharded else "orchestrator")
         if s.target_hosted and sharded:   # its rank processes are started and tested from
             raise SettingsError(           # target_model only
                 "target_placement 'orchestrator' holds an unsharded target: with "
@@ -167,8 +170,7 @@ class InTargetSettings:
         if s.draft_placement == "auto":
             own, _ = _lookup(params, "draft_device", ENV_PREFIX + "DRAFT_DEVICE")
             apart = (own or "auto") != "auto" and own != (devices or "").split(",")[0]
-            s = cls("separate" if sharded or apart else "target", s.self_skip,
-                    s.medusa_heads_path, s.target_placement)
+            s = replace(s, draft_placement="separate" if sharded or apart else "target")
         return s
 
     @property
@@ -363,9 +365,9 @@ class OrchestratorSettings:
     ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
     ngram_min_n: int = 2
     draft_reason: str = field(default="", compare=False)   # model_paths': for the start line
-    # What target_model drafts with in its own process; the default is auto's placement for an
-    # unsharded target without a draft device of its own.
-    drafters: InTargetSettings = InTargetSettings("target")
+    # What target_model drafts with in its own process, and where that process is; the default
+    # is auto's placements for an unsharded target without a draft device of its own.
+    drafters: InTargetSettings = InTargetSettings("target", target_placement="orchestrator")
 
     @property
     def has_draft(self) -> bool:

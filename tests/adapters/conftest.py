@@ -99,11 +99,12 @@ def fresh_pb():
 def engine_config(checkpoints, role: str, max_sequences: int = 4,
                   max_seq_len: int = MAX_SEQ_LEN) -> dict:
     target, draft = checkpoints
-    # The draft in draft_model, whose calls these tests make (tests/e2e: in target_model).
+    # The draft in draft_model and the target in target_model, whose calls these tests make
+    # (tests/e2e: both in speculative_decoding's process by default; test_hosted_target.py).
     params = {f"{role}_model_path": target if role == "target" else draft,
               "target_model_path": target, "max_sequences": str(max_sequences),
               "max_seq_len": str(max_seq_len), "device": "cpu", "dtype": "float32",
-              "draft_placement": "separate"}
+              "draft_placement": "separate", "target_placement": "separate"}
     return {"parameters": {k: {"string_value": v} for k, v in params.items()}}
 
 
@@ -125,7 +126,7 @@ def serving(checkpoints):
     def orchestrator(eos=(), **overrides):
         params = {"max_seq_len": str(MAX_SEQ_LEN), "max_sequences": "4",
                   "target_model_path": checkpoints[0], "draft_placement": "separate",
-                  **{k: str(v) for k, v in overrides.items()}}
+                  "target_placement": "separate", **{k: str(v) for k, v in overrides.items()}}
         settings = OrchestratorSettings.parse(params)
         ns.metrics = Metrics(fake_pb, "speculative_decoding", settings.max_draft_tokens)
         ns.gauge = ns.metrics.active

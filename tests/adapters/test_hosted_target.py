@@ -115,7 +115,7 @@ def test_hosted_rounds_count_no_target_call():
 
 def test_a_bad_target_placement_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("SPECDEC_TARGET_PLACEMENT", "gpu")
-    with pytest.raises(SettingsError, match="target_placement 'gpu': expected separate, orch"):
+    with pytest.raises(SettingsError, match="target_placement 'gpu': expected auto, separate, orch"):
         InTargetSettings.parse({})
 
 
@@ -124,6 +124,15 @@ def test_the_start_line_says_where_the_target_and_draft_run(monkeypatch):
     line = OrchestratorSettings.parse({}).start_line()
     assert "in speculative_decoding's process (draft_placement target)" in line
     assert "the target's engine in speculative_decoding's process" in line
+
+
+def test_auto_hosts_the_target_unless_it_is_sharded(monkeypatch):
+    assert InTargetSettings.parse({}).target_placement == "orchestrator"
+    monkeypatch.setenv("SPECDEC_TARGET_DEVICES", "cuda:0,cuda:1")
+    assert InTargetSettings.parse({}).target_placement == "separate"
+    monkeypatch.delenv("SPECDEC_TARGET_DEVICES")
+    monkeypatch.setenv("SPECDEC_TENSOR_PARALLEL", "2")
+    assert not OrchestratorSettings.parse({}).drafters.target_hosted
 
 
 def test_a_sharded_target_is_not_hosted(monkeypatch):

@@ -100,9 +100,11 @@ def test_defaults_come_from_config_pbtxt(pipeline):
     s = models["speculative_decoding"].orchestrator.settings
     assert (s.max_seq_len, s.max_sequences) == (64, 3)             # from the environment
     assert (s.default_max_tokens, s.max_draft_tokens) == (64, 8)   # from config.pbtxt
-    target = models["target_model"].model.engine
-    # auto placement: the draft in target_model's process, draft_model loading nothing.
+    # auto placements: the target's engine in speculative_decoding's process with the draft in
+    # it, target_model and draft_model loading nothing.
+    target = models["speculative_decoding"].orchestrator.verifier.model.engine
     assert models["draft_model"].model.engine is None
+    assert models["target_model"].model.engine is None
     for engine in (target, target.drafters["draft"].engine):
         assert (engine.max_len, engine.pool.num_slots) == (64, 3)
 

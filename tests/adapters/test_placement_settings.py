@@ -41,7 +41,7 @@ def test_in_target_proposers_and_the_default(monkeypatch):
     monkeypatch.setenv("SPECDEC_EAGLE_HEAD", "/h")
     s = OrchestratorSettings.parse({})
     assert s.in_target == (DRAFT, EAGLE) and s.proposer == EAGLE
-    assert "in target_model's process (draft_placement target)" in s.start_line()
+    assert "in speculative_decoding's process (draft_placement target)" in s.start_line()
     monkeypatch.setenv("SPECDEC_DRAFT_MODEL", "none")
     monkeypatch.setenv("SPECDEC_MEDUSA_HEADS", "/m")
     monkeypatch.setenv("SPECDEC_SELF_SKIP", "3,5")

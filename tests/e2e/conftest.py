@@ -124,16 +124,16 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """The default: the draft model in target_model's process (auto placement)."""
+    """The defaults (auto placements): the target's engine, the draft model beside it, in
+    speculative_decoding's process; no BLS call a round, target_model loads nothing."""
     yield from launch(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def hosted_server(tmp_path_factory):
-    """The target's engine, the draft beside it, in speculative_decoding's process
-    (SPECDEC_TARGET_PLACEMENT=orchestrator): no BLS call a round; target_model loads nothing."""
-    yield from launch(tmp_path_factory, {"SPECDEC_TARGET_PLACEMENT": "orchestrator",
-                                         "SPECDEC_MAX_SEQUENCES": "2"})
+def target_model_server(tmp_path_factory):
+    """The target's engine in target_model (SPECDEC_TARGET_PLACEMENT=separate), the draft model
+    beside it there: a BLS call a round, the supervisor restarting target_model's process."""
+    yield from launch(tmp_path_factory, {"SPECDEC_TARGET_PLACEMENT": "separate"})
 
 
 EAGLE_HEAD = ROOT / "models" / "default" / "eagle"   # the shipped head
@@ -143,12 +143,13 @@ EAGLE_FAULTS = 3   # the head's first runs fail (test_eagle.py)
 @pytest.fixture(scope="session")
 def eagle_server(tmp_path_factory):
     """The draft model in draft_model, a process of its own (two BLS calls a round), and the
-    shipped EAGLE-3 head in target_model, whose first runs fail by script: test_eagle.py's, and
-    test_placement.py's separate placement (drafting with the draft model only)."""
+    shipped EAGLE-3 head in target_model (SPECDEC_TARGET_PLACEMENT=separate), whose first runs
+    fail by script: test_eagle.py's, and test_placement.py's separate placement (drafting with
+    the draft model only)."""
     yield from launch(tmp_path_factory, {
         "SPECDEC_EAGLE_HEAD": str(EAGLE_HEAD), "SPECDEC_MAX_SEQUENCES": "2",
         "SPECDEC_IN_TARGET_FAULT": f"error*{EAGLE_FAULTS}", "SPECDEC_DRAFT_TIMEOUT_S": "600",
-        "SPECDEC_DRAFT_PLACEMENT": "separate"})
+        "SPECDEC_DRAFT_PLACEMENT": "separate", "SPECDEC_TARGET_PLACEMENT": "separate"})
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""A real tritonserver with an EAGLE-3 head in target_model (SPECDEC_EAGLE_HEAD) beside the draft
-model in draft_model (conftest.eagle_server): the head's proposals come back with each verification, the output is the target's own,
+"""A real tritonserver with an EAGLE-3 head in target_model (SPECDEC_EAGLE_HEAD,
+SPECDEC_TARGET_PLACEMENT=separate) beside the draft model in draft_model (conftest.eagle_server): the head's proposals come back with each verification, the output is the target's own,
 the served rounds are the in-process loop's, a round with the head is one BLS call (two with the
 draft model), and a head that fails costs only its proposals."""
 import pytest

@@ -2,7 +2,8 @@
 
 One server for the module: two sequence slots, a one-second queue, the supervisor checking every
 half second, the draft model in draft_model (a process of its own) as the only proposer, and a draft whose first calls fail by script
-(specdec/serving/faults.py). The tests run in file order: the script is used up by the first,
+(specdec/serving/faults.py), the target in target_model (SPECDEC_TARGET_PLACEMENT=separate: its
+process can die alone). The tests run in file order: the script is used up by the first,
 the last leaves the server broken.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ def fault_server(tmp_path_factory):
         "SPECDEC_MAX_SEQUENCES": str(SLOTS), "SPECDEC_QUEUE_TIMEOUT_S": "1",
         "SPECDEC_HEALTH_INTERVAL_S": "0.5", "SPECDEC_DRAFT_TIMEOUT_S": "1",
         "SPECDEC_DRAFT_FAULT": FAULTS, "SPECDEC_DEFAULT_PROPOSER": "draft",
-        "SPECDEC_DRAFT_PLACEMENT": "separate"})
+        "SPECDEC_DRAFT_PLACEMENT": "separate", "SPECDEC_TARGET_PLACEMENT": "separate"})
 
 
 def greedy(k: int | None, max_tokens: int = 24) -> GenerationParams:

@@ -1,8 +1,8 @@
-"""The draft model placed in target_model's process (the default, `server`), in draft_model
-(`eagle_server`, SPECDEC_DRAFT_PLACEMENT=separate), and the target's engine with the draft in
-speculative_decoding's own process (`hosted_server`, SPECDEC_TARGET_PLACEMENT=orchestrator):
-all exact, the same seeded samples, and a round one BLS call in the first, two in the second,
-none in the third, as the servers' own metrics count them (issue 29)."""
+"""The draft model placed in target_model's process (`target_model_server`,
+SPECDEC_TARGET_PLACEMENT=separate), in draft_model (`eagle_server`, SPECDEC_DRAFT_PLACEMENT=
+separate), and the target's engine with the draft in speculative_decoding's own process (the
+default, `server`): all exact, the same seeded samples, and a round one BLS call in the first,
+two in the second, none in the third, as the servers' own metrics count them (issue 29)."""
 import subprocess
 import sys
 
@@ -22,8 +22,8 @@ def draft(k: int | None, temperature: float = 0.0, seed: int | None = None) -> G
 
 
 @pytest.fixture(scope="module")
-def placements(server, eagle_server, hosted_server):
-    return {"target": server, "separate": eagle_server, "orchestrator": hosted_server}
+def placements(server, eagle_server, target_model_server):
+    return {"target": target_model_server, "separate": eagle_server, "orchestrator": server}
 
 
 @pytest.mark.parametrize("k", [4, None])   # None: auto
@@ -64,8 +64,9 @@ def test_calls_per_round_by_placement(placements):
     assert wait_for(lambda: hosted.metric("specdec_bls_calls_per_round", proposer="draft",
                                           placement="target") == 0.0)
     # The hosting process shows target_model's slots and the draft's beside them.
-    assert hosted.metric("specdec_kv_slots_total", model="target_model") == 2
-    assert hosted.metric("specdec_kv_slots_total", model="draft_model", placement="target") == 2
+    slots = hosted.metric("specdec_kv_slots_total", model="target_model")
+    assert slots > 0 and \
+        hosted.metric("specdec_kv_slots_total", model="draft_model", placement="target") == slots
     # draft_model loads nothing where the draft is in target_model, which shows its slots.
     assert colocated.metric("specdec_kv_slots_total", model="draft_model",
                             placement="target") > 0
@@ -85,14 +86,14 @@ def test_a_cancelled_stream_frees_the_colocated_drafts_slot(server):
     assert wait_for(lambda: used() == 0)
 
 
-def test_a_hosted_targets_model_refuses_calls_and_the_probes_pass(hosted_server):
+def test_a_hosted_targets_model_refuses_calls_and_the_probes_pass(server):
     """target_model loads nothing and says where its engine runs; `specdec probe --all` takes
     that refusal as an answer (the orchestrator's generate proves the engine)."""
-    status, reply = post(hosted_server, f"/v2/models/{names.TARGET_MODEL}/infer",
+    status, reply = post(server, f"/v2/models/{names.TARGET_MODEL}/infer",
                          {"inputs": probe.INFER[names.TARGET_MODEL]})
     assert status == 400 and "SPECDEC_TARGET_PLACEMENT" in reply.get("error", ""), reply
     done = subprocess.run([sys.executable, "-m", "specdec.cli", "probe", "--all", "--url",
-                           f"http://{hosted_server.http}", "--timeout", "30"],
+                           f"http://{server.http}", "--timeout", "30"],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{names.TARGET_MODEL}: ok" in done.stdout, done.stdout

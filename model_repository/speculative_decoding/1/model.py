@@ -1,4 +1,5 @@
-"""speculative_decoding: decoupled BLS orchestrator over draft_model and target_model."""
+"""speculative_decoding: the decoupled orchestrator; the target's engine loads here by default
+(target_placement auto), else a BLS call a round to target_model; draft_model by BLS."""
 import asyncio
 import json
 from pathlib import Path
