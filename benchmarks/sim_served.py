@@ -47,6 +47,10 @@ def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -
     return server
 
 
+def _ratio(d: dict, a: str, b: str) -> float | None:
+    return d[a] / d[b] if d.get(b) else None
+
+
 def _published(server: Server) -> dict[str, float]:
     """The served engines' simulated-device counts, once their last calls are published."""
     from specdec import simulate
@@ -109,9 +113,11 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            # calls whose real CPU compute outran the simulated time, and by how much: on a
            # host short of cores the server's other processes slow the tiny models' compute
            "calls_over_table": sim["over"], "calls": sim["calls"], "over_s": sim["over_s"],
-           # target_model's rows per execution: in process a round's rows make one batch
+           # the target's rows per execution (in process a round's rows make one batch):
+           # target_model's from Triton's statistics, a hosted engine's from its counters
            "target_batch": sum(b * n for b, n in sizes.items()) / executions
-           if executions else None,
+           if executions else _ratio(d, "specdec_target_batch_rows_total",
+                                     "specdec_target_batches_total") if server.hosted else None,
            "target_batch_sizes": {b: n for b, n in sizes.items() if n},
            "cpu_s": cpu,
            # against a target call in process: the device's time, or the CPU's

@@ -2,6 +2,8 @@
 round's at a time (batching.py: the verifications of every sequence under way, one request)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .. import names
@@ -96,9 +98,11 @@ MAX_ROWS = 64
 
 
 class BlsVerifier(_Model):
-    def __init__(self, pb, model_name: str = names.TARGET_MODEL):
+    def __init__(self, pb, model_name: str = names.TARGET_MODEL,
+                 on_batch: Callable[[int], None] = lambda rows: None):
         super().__init__(pb, model_name)
         self.rows = Batcher(self._verify, MAX_ROWS)
+        self.on_batch = on_batch   # Metrics.target_batch
 
     async def verify(self, call: VerifyCall) -> Verdict:
         if call.draft_probs is None:
@@ -109,6 +113,7 @@ class BlsVerifier(_Model):
         return verdict
 
     async def _verify(self, cs: list[VerifyCall]) -> list[Verdict | ModelCallError]:
+        self.on_batch(len(cs))
         extra = [] if cs[0].draft_probs is None else [cs[0].draft_probs]
         response = await self.call(calls.verify_inputs(cs), [names.VERDICT], extra)
         return [ModelCallError(f"{self.name}: {v}", v.unavailable) if isinstance(v, Exception)

@@ -12,6 +12,7 @@ loaded with it, here; a draft in draft_model stays a BLS call.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -25,9 +26,11 @@ from .engine_model import TargetModel
 
 
 class HostedVerifier:
-    def __init__(self, pb, model: TargetModel, name: str = names.TARGET_MODEL):
+    def __init__(self, pb, model: TargetModel, name: str = names.TARGET_MODEL,
+                 on_batch: Callable[[int], None] = lambda rows: None):
         self.pb, self.model, self.name = pb, model, name
         self.rows = Batcher(self._verify, MAX_ROWS)
+        self.on_batch = on_batch   # Metrics.target_batch
 
     async def verify(self, call: VerifyCall) -> Verdict:
         q = call.draft_probs
@@ -36,6 +39,7 @@ class HostedVerifier:
         return await self.rows.submit(call)
 
     async def _verify(self, cs: list[VerifyCall]) -> list[Verdict | ModelCallError]:
+        self.on_batch(len(cs))
         try:
             results = self.model.run_calls(cs)
         finally:

@@ -63,6 +63,12 @@ class Metrics:
         self.accepted_tokens = by_proposer("specdec_accepted_tokens_total",
                                            "Proposed tokens accepted by the target")
         self.rounds = counter("specdec_rounds_total", "Propose/verify rounds (target passes)")
+        # Where the target's engine runs, the verifications each engine call carried (batching.py);
+        # Triton's statistics count target_model's executions only when the engine is there.
+        self.target_batches = counter("specdec_target_batches_total",
+                                      "Target engine calls carrying verifications")
+        self.target_rows = counter("specdec_target_batch_rows_total",
+                                   "Verifications (sequences' rounds) those calls carried")
         # A round is one target call, and one draft_model call before it when the draft model
         # proposes from there; a drafter in target_model (a head, a draft model placed there)
         # drafts inside the target's call. By the round's proposer ("none": the round drafted
@@ -159,6 +165,11 @@ class Metrics:
                     post(gauge.set, a)
             for part, seconds in e.costs.items():
                 post(self.cost_estimate[part].set, seconds)
+
+    def target_batch(self, rows: int) -> None:
+        """One target engine call carrying `rows` verifications (the event loop's thread)."""
+        self._count(self.target_batches, 1)
+        self._count(self.target_rows, rows)
 
     def set_active(self, n: int) -> None:
         self.post(self.active.set, n)

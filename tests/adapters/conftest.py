@@ -132,7 +132,7 @@ def serving(checkpoints):
         ns.gauge = ns.metrics.active
         vocab = ModelArgs.from_dir(checkpoints[0]).vocab_size
         return Orchestrator(fake_pb, settings, tuple(eos), vocab, BlsDrafter(fake_pb),
-                            BlsVerifier(fake_pb), ns.metrics)
+                            BlsVerifier(fake_pb, on_batch=ns.metrics.target_batch), ns.metrics)
 
     ns = SimpleNamespace(build=build, orchestrator=orchestrator)
     return build()

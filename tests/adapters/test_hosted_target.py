@@ -34,7 +34,8 @@ def hosted_orchestrator(checkpoints, engine_sequences: int = 4, **overrides):
                       in_target=settings.in_target, hosted=True)
     vocab = ModelArgs.from_dir(checkpoints[0]).vocab_size
     return Orchestrator(fake_pb, settings, (), vocab, BlsDrafter(fake_pb),
-                        HostedVerifier(fake_pb, model), metrics), model
+                        HostedVerifier(fake_pb, model, on_batch=metrics.target_batch),
+                        metrics), model
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -58,6 +59,19 @@ def test_hosted_gives_what_target_model_gives_without_calling_it(serving, checkp
                    .as_numpy()[0]) > 0
     assert len(serving.target_bls.batches) == calls_before   # target_model was not called
     assert model.engine.pool.active == 0 and serving.draft.engine.pool.active == 0
+    # Both placements count the verifications (rows) each target call carried: the same rows,
+    # four sequences' rounds batched (32-36 calls for 69-71 rows here), but over BLS a sampled
+    # round whose q comes from draft_model travels alone (65 calls).
+    for metrics in (serving.metrics, orch.metrics):
+        metrics.flush()
+    counts = {name: [m.value() for m in fake_pb.metrics(name, model="speculative_decoding")]
+              for name in ("specdec_target_batches_total", "specdec_target_batch_rows_total")}
+    (bls_calls, hosted_calls), (bls_rows, hosted_rows) = counts.values()
+    assert hosted_rows == bls_rows > 20 and 1.5 * hosted_calls < hosted_rows
+    if temperature == 0.0:
+        assert 1.5 * bls_calls < bls_rows
+    else:
+        assert bls_calls > 1.5 * hosted_calls
     # The hosted engine's slots show as target_model's, as target_model shows them.
     assert model.slots_used.labels == {"model": "target_model"}
     assert max(model.slots_used.history) == 4 and model.slots_used.history[-1] == 0

@@ -26,12 +26,14 @@ class TritonPythonModel:
         hosted = settings.drafters.target_hosted
         metrics = Metrics(pb_utils, args["model_name"], settings.max_draft_tokens,
                           in_target=settings.in_target, hosted=hosted)
-        verifier = BlsVerifier(pb_utils)
         if hosted:   # target_placement "orchestrator": the target's engine loads here
             from specdec.serving.engine_model import TargetModel
             from specdec.serving.hosted import HostedVerifier
             config = read_model_config(REPOSITORY / "target_model" / "config.pbtxt")
-            verifier = HostedVerifier(pb_utils, TargetModel(pb_utils, config, hosted=True))
+            verifier = HostedVerifier(pb_utils, TargetModel(pb_utils, config, hosted=True),
+                                      on_batch=metrics.target_batch)
+        else:
+            verifier = BlsVerifier(pb_utils, on_batch=metrics.target_batch)
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
                                          target.vocab_size, BlsDrafter(pb_utils), verifier,
                                          metrics)
