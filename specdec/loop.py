@@ -111,7 +111,9 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             req.num_draft_tokens, False, proposers=allowed)
     proposers = _proposers(policy.proposers, seq_id, req, policy, drafter, ngram,
                            draft_timeout_s)
-    ahead = policy.ahead if policy.ahead in proposers else None
+    # A request that drafts nothing (num_draft_tokens 0) asks no drafter in the target for its
+    # next proposal: the head's or co-located draft's catch-up each round would be thrown away.
+    ahead = policy.ahead if policy.ahead in proposers and req.num_draft_tokens else None
     stats, out = Stats(), _Output(req, max_len)
     committed = list(req.prompt)
     target_len = 0                    # tokens the target has cached, all committed
