@@ -12,6 +12,8 @@
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
 #   bash benchmarks/gpu_checklist.sh served    # item 3: in process against a real tritonserver
 #                                              # at 8B shapes, both placements: 6-7 min (H200)
+#                                              # (PLACEMENTS=auto: the default alone; COSTS_S=90:
+#                                              # costs.py's step at batch 1 and 16 after it)
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
 # `served` needs .gpu/ from benchmarks/pack_server.sh carried (tritonserver and the client's
@@ -163,16 +165,34 @@ EOF2
     stamp "random pair and head (readable: served text decodes)"
     timeout 170 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head \
         --readable --device "$draw" 2>&1 | tail -3
+    # py-spy where the pack has it (pack_server.sh PYSPY=1): every measured run's Python
+    # processes sampled, in process and served (benchmarks/pyspy.py summarizes them)
+    spy=()
+    if [ -f .gpu/py-spy.xz ]; then
+        xz -dc .gpu/py-spy.xz > /tmp/py-spy && chmod +x /tmp/py-spy && \
+            spy=(--py-spy /tmp/py-spy --profile-dir "$out/py-spy")
+    fi
     stamp "in process and served"
-    # Until BUDGET_S into the part; stopped there, it still prints what it measured. Keep
-    # BUDGET_S under the call's limit (the device tool cuts a call at the session's budget,
-    # and then nothing is packed): the log also goes straight to $OUT.
-    timeout -k 30 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/simulated.py --table none \
-        --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
-        --placements "${PLACEMENTS:-auto,target}" \
+    # Until BUDGET_S into the part (less COSTS_S for costs.py after it); stopped there, it
+    # still prints what it measured. Keep BUDGET_S under the call's limit (the device tool cuts
+    # a call at the session's budget, and then nothing is packed): the log also goes straight
+    # to $OUT.
+    costs_s=${COSTS_S:-0}
+    timeout -k 30 $(( ${BUDGET_S:-540} - costs_s - SECONDS )) $py benchmarks/simulated.py \
+        --table none --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
+        --placements "${PLACEMENTS:-auto,target}" "${spy[@]}" \
         --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 6 \
         --max-tokens 48 --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"
+    [ ${#spy[@]} -gt 0 ] && $py benchmarks/pyspy.py "$out/py-spy" > "$out/py-spy.md" 2>&1
+    if [ "$costs_s" -gt 0 ]; then
+        # The in-process loop's step against the engine's own (exact mode, graphs on) at the
+        # batch sizes served: is a round's time the step's?
+        stamp "costs at batch ${COST_BATCHES:-1,16}"
+        timeout -k 10 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/costs.py --pair "$pair" \
+            --batches "${COST_BATCHES:-1,16}" --ks 2,4 --graphs on --invariant on --calls 10 \
+            --warmup 3 --json "$out/costs.json" 2>&1 | tee "$out/costs.md"
+    fi
     for log in /tmp/specdec-bench-*/tritonserver.log; do   # one a server
         [ -f "$log" ] && cp "$log" "$out/tritonserver-$(basename "$(dirname "$log")").log"
     done

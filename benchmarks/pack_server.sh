@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/pack_server.sh     # then, through the device tool, carrying .gpu:
 #                                      #   bash benchmarks/gpu_checklist.sh served
+#   PYSPY=1 bash benchmarks/pack_server.sh     # and py-spy (the served run then profiles)
 #   PYVER=3.11 bash benchmarks/pack_server.sh   # wheels for a dry run here (the tar.xz is kept:
 #                                               # delete it to pack tritonserver again)
 #
@@ -57,4 +58,12 @@ for spec in tritonclient==2.73.0 python-rapidjson==1.25 grpcio==1.85.1 protobuf=
         --platform manylinux2014_x86_64 -d .gpu "$spec"
 done
 $py -m pip wheel -q --no-deps --no-build-isolation . -w .gpu
+# PYSPY=1: py-spy for the served run's profiles, stripped and compressed (8 MB -> 1.8 MB)
+rm -f .gpu/py-spy.xz
+if [ "${PYSPY:-0}" = 1 ]; then
+    [ -x "$(dirname "$py")/py-spy" ] || $py -m pip install -q py-spy==0.4.3
+    spy=$(mktemp)
+    cp "$(dirname "$py")/py-spy" "$spy" && strip "$spy" && xz -9 -c "$spy" > .gpu/py-spy.xz
+    rm -f "$spy"
+fi
 du -ch .gpu/* | tail -1

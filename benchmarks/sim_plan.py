@@ -87,6 +87,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true",
                     help="a fast check: 2 prompts, 16 tokens, 1 and 2 streams, greedy")
     ap.add_argument("--out", type=Path, help="also write every figure as JSON")
+    ap.add_argument("--py-spy", metavar="BIN",
+                    help="sample every measured run's processes with this py-spy (in process: "
+                         "this one; served: this one, speculative_decoding and postprocessing)")
+    ap.add_argument("--profile-dir", type=Path, default=Path("py-spy"),
+                    help="where --py-spy writes its raw stacks, a file a run and process")
     return ap
 
 

@@ -18,6 +18,7 @@ and BLS calls per round by proposer (specdec_bls_calls_per_round, since the serv
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -25,12 +26,14 @@ from pathlib import Path
 from inputs import load_prompts, load_tokenizer
 from machine import git_state, load_snapshot, machine
 from progress import log
+from pyspy import Profiler
 from server import default_max_seq_len, exit_on_sigterm
 from sim_plan import parse
 from sim_report import cpu_table, row, table
 
 
-def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool):
+def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool,
+               spy: Profiler):
     """Each setting in process and served back to back (a server idles while this process
     computes), so a change of load on the machine touches both sides alike; with several
     placements, the draft model's on each server in turn (every setting on one whose target is
@@ -44,8 +47,10 @@ def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, nam
                 warm = max(args.warmup, streams)
                 if local:
                     local.run(prompts[:warm], s, mode, args.max_tokens, streams)
-                    local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
-                                        streams)
+                    with spy.record(f"local-{mode.name}-x{streams}-{s.label}",
+                                    {"local": os.getpid()}):
+                        local_r = local.run(prompts[:n(streams)], s, mode, args.max_tokens,
+                                            streams)
                 # The draft model's placements differ for the draft alone; the target's
                 # (hosted or in target_model) for every setting.
                 on = [(p, v) for i, (p, v) in enumerate(servers.items())
@@ -58,8 +63,20 @@ def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, nam
                     if server:
                         import sim_served
                         sim_served.run(server, texts[:warm], s, mode, args.max_tokens, streams)
-                        r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
-                                                     args.max_tokens, streams)
+                        with spy.record(f"served-{mode.name}-x{streams}-{label}",
+                                        _spied(server)):
+                            r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
+                                                         args.max_tokens, streams)
+
+
+def _spied(server) -> dict[str, int]:
+    """The served run's Python processes: the client's streams, the loop, the detokenizer."""
+    from specdec.serving import procs
+    found = procs.server_processes(server.proc.pid)
+    return {"client": os.getpid(), **{m: found[m] for m in SPIED if m in found}}
+
+
+SPIED = ("speculative_decoding", "postprocessing")
 
 
 def main(argv=None) -> int:
@@ -94,7 +111,7 @@ def main(argv=None) -> int:
                         servers[placement] = sim_served.start(args, streams_max, max_seq_len,
                                                               placement)
                 _run_group(args, prompts, texts, local, servers, results, n,
-                           named=len(groups) > 1)
+                           named=len(groups) > 1, spy=Profiler(args.py_spy, args.profile_dir))
             finally:
                 for server in servers.values():
                     server.stop()
