@@ -60,6 +60,30 @@ def prepare_backends(dest: Path) -> Path:
     return dest
 
 
+def libpython_dir(dest: Path) -> Path | None:
+    """A directory holding only this interpreter's libpython (a link), for LD_LIBRARY_PATH.
+
+    The stub links libpython3.X.so.1.0: it must get this interpreter's, not another build of
+    the same minor version elsewhere on the system (their extension modules' symbols differ).
+    Not its LIBDIR itself: where that is a system directory (/usr/lib/x86_64-linux-gnu), every
+    library there would come before the RUNPATH of torch's own (LD_LIBRARY_PATH is searched
+    first), such as an image's system cuDNN before the one torch was built with. None: no
+    shared libpython (a static build), nothing to add."""
+    name = sysconfig.get_config_var("INSTSONAME") or ""
+    lib = Path(sysconfig.get_config_var("LIBDIR") or "") / name
+    if not name or not lib.is_file():
+        return None
+    own = dest / "libpython"
+    own.mkdir(parents=True, exist_ok=True)
+    link = own / name
+    if not (link.is_symlink() and os.readlink(link) == str(lib)):
+        tmp = own / f".{name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(lib)
+        os.replace(tmp, link)
+    return own
+
+
 def _install(src: Path, dst: Path) -> None:
     """Copy unless identical; replace atomically, since a running server may be executing dst."""
     if dst.exists() and filecmp.cmp(src, dst, shallow=False):
@@ -69,16 +93,15 @@ def _install(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def environment() -> dict[str, str]:
+def environment(backends: Path) -> dict[str, str]:
+    """The server's environment; backends: prepare_backends' directory."""
     env = dict(os.environ)
     # The wheel's bundled libraries sit beside its package, in the site-packages that holds
     # nvidia-pytriton, which need not be this environment's own.
     libs = [pytriton_root().parents[1] / "nvidia_pytriton.libs"]
-    # The stub links libpython3.X.so: take this interpreter's, not another build of the same
-    # minor version elsewhere on the system (their extension modules' symbols differ).
-    libdir = Path(sysconfig.get_config_var("LIBDIR") or "")
-    if (libdir / str(sysconfig.get_config_var("LDLIBRARY") or "-")).exists():
-        libs.insert(0, libdir)
+    own = libpython_dir(backends / "python")
+    if own is not None:
+        libs.insert(0, own)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         [str(p) for p in libs] + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -175,8 +198,8 @@ def main(argv=None) -> None:
         binary = shutil.which(args.tritonserver) or args.tritonserver
         backends, env = None, {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
     else:
-        binary, env = None, environment()
         backends = prepare_backends(args.backend_directory).resolve()
+        binary, env = None, environment(backends)
 
     def cmd(start: int) -> list[str]:
         return command(args.model_repository.resolve(), backends, args.http_port, args.grpc_port,

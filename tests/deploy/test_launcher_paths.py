@@ -32,8 +32,35 @@ def test_the_wheels_libraries_are_found_beside_nvidia_pytriton(tmp_path, monkeyp
     elsewhere = tmp_path / "other" / "site-packages"
     monkeypatch.setattr(launch, "pytriton_root", lambda: elsewhere / "pytriton" / "tritonserver")
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
-    paths = launch.environment()["LD_LIBRARY_PATH"].split(os.pathsep)
+    paths = launch.environment(tmp_path / "backends")["LD_LIBRARY_PATH"].split(os.pathsep)
     assert str(elsewhere / "nvidia_pytriton.libs") in paths
+
+
+def test_the_stub_gets_this_interpreters_libpython_and_nothing_beside_it(tmp_path, monkeypatch):
+    """Its LIBDIR may be a system directory (a distribution's python3: /usr/lib/x86_64-linux-
+    gnu), whose other libraries on LD_LIBRARY_PATH would come before torch's own (RUNPATH):
+    an image's system cuDNN, for one. The path holds a directory of the one link instead."""
+    libdir = tmp_path / "usr-lib"
+    libdir.mkdir()
+    (libdir / "libpython3.99.so.1.0").write_bytes(b"")
+    (libdir / "libcudnn.so.9").write_bytes(b"")
+    config = {"LIBDIR": str(libdir), "INSTSONAME": "libpython3.99.so.1.0"}
+    monkeypatch.setattr(launch.sysconfig, "get_config_var", config.get)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/mine")
+    backends = tmp_path / "backends"
+    paths = launch.environment(backends)["LD_LIBRARY_PATH"].split(os.pathsep)
+    assert str(libdir) not in paths
+    own = backends / "python" / "libpython"
+    assert paths[0] == str(own) and paths[-1] == "/opt/mine"
+    assert [p.name for p in own.iterdir()] == ["libpython3.99.so.1.0"]
+    assert (own / "libpython3.99.so.1.0").resolve() == libdir / "libpython3.99.so.1.0"
+    # A second start over the same directory keeps the one link
+    launch.environment(backends)
+    assert [p.name for p in own.iterdir()] == ["libpython3.99.so.1.0"]
+    # A static build: nothing to add
+    config["INSTSONAME"] = None
+    assert launch.environment(tmp_path / "b2")["LD_LIBRARY_PATH"].split(os.pathsep)[0] != \
+        str(tmp_path / "b2" / "python" / "libpython")
 
 
 def test_pytriton_root_is_the_wheels_server_directory():
