@@ -162,6 +162,16 @@ EOF2
     fi
     LD_LIBRARY_PATH=$libdir:$site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
         ldd "$stub" | grep -E "python|not found" | tee "$out/stub-ldd.txt"
+    # The cuDNN torch loads with the interpreter's LIBDIR first on LD_LIBRARY_PATH (how launch.py
+    # set the stubs' path before 2026-11-27) and without: a system cuDNN there wins over torch's
+    # own, and SDPA without cuDNN's attention runs its math kernels.
+    ls "$libdir"/libcudnn* 2>/dev/null | head -3 | tee "$out/cudnn.txt"
+    for first in "$libdir" ""; do
+        LD_LIBRARY_PATH=$first${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} $py -c 'import sys, torch
+c = torch.backends.cudnn
+print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
+      c.version() if c.is_available() else "unavailable")' "$first"
+    done 2>&1 | tee -a "$out/cudnn.txt"
     stamp "random pair and head (readable: served text decodes)"
     timeout 170 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" --head \
         --readable --device "$draw" 2>&1 | tail -3
@@ -181,7 +191,8 @@ EOF2
     timeout -k 30 $(( ${BUDGET_S:-540} - costs_s - SECONDS )) $py benchmarks/simulated.py \
         --table none --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
         --placements "${PLACEMENTS:-auto,target}" "${spy[@]}" \
-        --servers-in-turn --streams "${STREAMS:-1,16}" --modes greedy --prompts 6 \
+        --servers-in-turn --streams "${STREAMS:-1,16}" --proposers "${PROPOSERS:-none,draft,eagle}" \
+        --modes greedy --prompts 6 \
         --max-tokens 48 --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"
     [ ${#spy[@]} -gt 0 ] && $py benchmarks/pyspy.py "$out/py-spy" > "$out/py-spy.md" 2>&1

@@ -141,7 +141,11 @@ def _device(args) -> str:
     if args.table is None:
         from specdec.serving.settings import EngineSettings
         s = EngineSettings()
-        return f"no table: {s.torch_device()}, {str(s.torch_dtype()).removeprefix('torch.')}"
+        device = s.torch_device()
+        if device.type == "cuda":   # beside the server's own line (its log): the same cuDNN?
+            from specdec.serving.checks import cuda_line
+            device = cuda_line(device)
+        return f"no table: {device}, {str(s.torch_dtype()).removeprefix('torch.')}"
     return f"table {args.table.name} x {args.scale:g}"
 
 

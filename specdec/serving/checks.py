@@ -22,6 +22,16 @@ def say(model: str, line: str) -> None:
     print(f"specdec {model}: {line}", file=sys.stderr, flush=True)
 
 
+def cuda_line(device) -> str:
+    """What a GPU's speed rests on, as this process loaded it: a stub's libraries need not be
+    the shell's (LD_LIBRARY_PATH, launch.py), and without cuDNN's attention SDPA runs its math
+    kernels (3.7x slower draft steps at 16 rows, H100, 2026-11-27: docs/benchmarks.md)."""
+    import torch
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return (f"{torch.cuda.get_device_name(device)} ({device}), torch {torch.__version__}, CUDA "
+            f"{torch.version.cuda}, cuDNN {cudnn or 'unavailable'}")
+
+
 def instance_count(model_config: dict) -> int:
     """Instances Triton starts from `instance_group` (a KIND_GPU group starts `count` per GPU
     listed). No group: one."""

@@ -16,7 +16,7 @@ from ..engine import Engine
 from ..records import Proposer
 from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, triton_error
-from .checks import check_one_instance, say
+from .checks import check_one_instance, cuda_line, say
 from .dlpack import read_torch, torch_output
 from .drafters import attach
 from .requests import InvalidInput
@@ -69,6 +69,8 @@ class _EngineModel:
         device = devices[0]
         if len(devices) == 1:   # above degree 1, parallel_launch.check refuses missing devices
             check_device(device, s.device_source(self.role))
+        if device.type == "cuda":
+            say(f"{self.role}_model", cuda_line(device))
         dtype = s.torch_dtype()
         # CUDA graphs around NCCL collectives are untested: degree 1 only for now.
         options = dict(vocab_size=vocab, attention_kind=s.attention,

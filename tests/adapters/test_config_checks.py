@@ -278,3 +278,18 @@ def test_head_for_another_architecture_is_refused(checkpoints, tmp_path, monkeyp
 def test_head_for_the_same_architecture_passes_the_check(tmp_path):
     line = check_verifier(head_for(tmp_path, ["LlamaForCausalLM"]), DEFAULT_TARGET)
     assert line.endswith("trained for models/default/target")
+
+
+def test_the_cuda_line_names_the_cudnn_this_process_loaded(monkeypatch):
+    """A stub whose cuDNN failed to load serves attention by SDPA's math kernels: the load
+    says so in its line."""
+    import torch
+
+    from specdec.serving.checks import cuda_line
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    line = cuda_line(torch.device("cuda", 0))
+    assert line.startswith("NVIDIA H100 80GB HBM3 (cuda:0), torch ") and "cuDNN 91002" in line
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
+    assert cuda_line(torch.device("cuda", 0)).endswith("cuDNN unavailable")
