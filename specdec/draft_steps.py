@@ -15,6 +15,7 @@ import torch
 from .kv_cache import KVCache
 from .model import Batch
 from .sampling import DRAFT, BatchSampling, probabilities, sample
+from .transfer import to_device
 
 
 @dataclass
@@ -40,8 +41,8 @@ def draft_steps(rows: StepRows, out: torch.Tensor, sampling: BatchSampling, cach
     if k_max == 0:
         return [[] for _ in ks], None
     dev = out.device
-    fed_at = torch.tensor(rows.fed_at, device=dev)[:, None]                          # [B, 1]
-    ks_t = torch.tensor(ks, device=dev)[:, None]                                      # [B, 1]
+    fed_at = to_device(rows.fed_at, dev)[:, None]                                    # [B, 1]
+    ks_t = to_device(ks, dev)[:, None]                                                # [B, 1]
     write_all = rows.read_slots[:, None]                                              # [B, 1]
     no_row = torch.zeros(len(ks), dtype=torch.int64, device=dev)
     end = max(rows.fed_at)

@@ -26,6 +26,7 @@ from .model import Batch, Transformer, on_meta
 from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities
+from .transfer import to_device
 from .verify import verify as verify_drafts
 from .weights import load_model
 
@@ -191,14 +192,13 @@ class Engine:
         features = hidden[..., d:] if self.model.capture else None        # [B, T, A D]
         hidden = hidden[..., :d]
         # Score the last committed token and every draft: K+1 positions per row.
-        base = torch.tensor([len(c.tokens) - 1 for c in cs], device=self.device)
+        base = to_device([len(c.tokens) - 1 for c in cs], self.device)
         idx = (base[:, None] + torch.arange(k_max + 1, device=self.device)).clamp(
             max=hidden.shape[1] - 1)
         hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
         s = BatchSampling.stack([c.sampling for c in cs], self.device)
         p = probabilities(self._logits(hidden), s)                         # [B, K+1, V]
-        drafts = torch.tensor([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs],
-                              dtype=torch.int64, device=self.device)
+        drafts = to_device([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs], self.device)
         q = None
         if any(c.draft_probs is not None for c in cs):
             q = torch.zeros(len(cs), k_max, v, device=self.device)
@@ -211,9 +211,8 @@ class Engine:
                     q[b, :k, :w] = c.draft_probs[:, :w].to(self.device, torch.float32)
                 elif k:
                     q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
-        first = torch.tensor([c.start + len(c.tokens) for c in cs], device=self.device)
-        accepted_t, nxt_t = verify_drafts(p, q, drafts, torch.tensor(ks, device=self.device), s,
-                                          first)
+        first = to_device([c.start + len(c.tokens) for c in cs], self.device)
+        accepted_t, nxt_t = verify_drafts(p, q, drafts, to_device(ks, self.device), s, first)
         accepted, nxt = accepted_t.tolist(), nxt_t.tolist()                # the one sync
         followers = [d for d in self.drafters.values() if d.follows_commits]
         for b, (i, c) in enumerate(zip(good, cs)):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .records import SamplingParams
+from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**27, so a 32-bit value times it stays inside int64
@@ -40,14 +41,12 @@ class BatchSampling:
 
     @classmethod
     def stack(cls, params: list[SamplingParams], device: torch.device) -> "BatchSampling":
-        def t(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
         return cls(
-            temperature=t([p.temperature for p in params], torch.float32),
-            top_k=t([p.top_k for p in params], torch.int64),
-            top_p=t([p.top_p for p in params], torch.float32),
-            seed_lo=t([p.seed & _MASK32 for p in params], torch.int64),
-            seed_hi=t([(p.seed >> 32) & _MASK32 for p in params], torch.int64),
+            temperature=to_device([p.temperature for p in params], device, torch.float32),
+            top_k=to_device([p.top_k for p in params], device),
+            top_p=to_device([p.top_p for p in params], device, torch.float32),
+            seed_lo=to_device([p.seed & _MASK32 for p in params], device),
+            seed_hi=to_device([(p.seed >> 32) & _MASK32 for p in params], device),
             any_filter=any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy),
             all_greedy=all(p.greedy for p in params),
             any_greedy=any(p.greedy for p in params),

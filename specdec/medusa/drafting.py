@@ -14,6 +14,7 @@ import torch
 
 from ..in_target import InTargetDrafter, Verified
 from ..sampling import DRAFT, probabilities, sample
+from ..transfer import to_device
 from .head import MedusaHead
 
 
@@ -32,6 +33,6 @@ class MedusaDrafter(InTargetDrafter):
         if s.all_greedy:
             return [t[:k] for t, k in zip(logits.argmax(-1).tolist(), ks)], None
         p = probabilities(logits, s)                                                # [B, k, V]
-        ends = torch.tensor(v.ends, device=p.device)[:, None]
+        ends = to_device(v.ends, p.device)[:, None]
         d = sample(p, s, ends + 1 + torch.arange(k_max, device=p.device), DRAFT)    # [B, k]
         return [t[:k] for t, k in zip(d.tolist(), ks)], p
