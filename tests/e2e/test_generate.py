@@ -1,6 +1,7 @@
 """End to end on a real tritonserver: HTTP generate / generate_stream, gRPC streaming, exactness."""
 import json
 import re
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -83,18 +84,26 @@ def test_a_rounds_verifications_run_as_one_target_execution(placement, request):
     streams, docs/benchmarks.md)."""
     server = request.getfixturevalue(placement)
     streams = 8
-    before = batch_counts(server, placement)
+    before, t0 = batch_counts(server, placement), time.monotonic()
     with ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda p: generate(server.http, p, greedy(0, 48)),
+        results = list(pool.map(lambda p: generate(server.http, p, greedy(0, TOKENS)),
                                 heldout_prompts(streams)))
+    seconds = time.monotonic() - t0
     rows, executions = (a - b for a, b in zip(batch_counts(server, placement), before))
     # A row a round and a token a round; Triton's statistics also count each stream's release
-    # and the supervisor's pings.
+    # and the supervisor's pings (one every health_interval_s, 2 s).
     releases = streams if placement == "target_model_server" else 0
-    assert 0 <= rows - sum(r.num_output_tokens for r in results) - releases <= 5, rows
-    # Arrivals spread over the first rounds run smaller batches, and the releases their own;
-    # every other round is one (7.1 rows an execution here at 32 tokens, 3.0 before).
+    extra = rows - sum(r.num_output_tokens for r in results) - releases
+    assert 0 <= extra <= 3 + seconds / 2, (rows, seconds)
+    # Arrivals spread over the first rounds run smaller batches (the first sequence alone, then
+    # two...), the finishes over the last, and the releases their own; every other round is one.
+    # The spread is wall time, so rounds on a loaded machine: 3-25 in runs of this test alone,
+    # about 54 in a CI run (102 executions for 384 rows at 48 tokens); TOKENS = 128 tolerates
+    # 85 (7.3-7.8 rows an execution alone).
     assert rows / executions >= 0.6 * streams, (rows, executions)
+
+
+TOKENS = 128
 
 
 def batch_counts(server, placement: str) -> tuple[int, int]:
