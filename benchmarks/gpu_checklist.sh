@@ -191,8 +191,8 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
     timeout -k 30 $(( ${BUDGET_S:-540} - costs_s - SECONDS )) $py benchmarks/simulated.py \
         --table none --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
         --placements "${PLACEMENTS:-auto,target}" "${spy[@]}" \
-        --servers-in-turn --streams "${STREAMS:-1,16}" --proposers "${PROPOSERS:-none,draft,eagle}" \
-        --modes greedy --prompts 6 \
+        --servers-in-turn --streams "${STREAMS:-1,16}" \
+        --proposers "${PROPOSERS:-none,draft,eagle}" --modes greedy --prompts 6 \
         --max-tokens 48 --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"
     [ ${#spy[@]} -gt 0 ] && $py benchmarks/pyspy.py "$out/py-spy" > "$out/py-spy.md" 2>&1

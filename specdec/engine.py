@@ -208,7 +208,8 @@ class Engine:
                 k = len(c.drafts)
                 if c.draft_probs is not None and k:
                     w = min(v, c.draft_probs.shape[-1])
-                    q[b, :k, :w] = c.draft_probs[:, :w].to(self.device, torch.float32)
+                    q[b, :k, :w] = c.draft_probs[:, :w].to(self.device, torch.float32,
+                                                           non_blocking=True)
                 elif k:
                     q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
         first = to_device([c.start + len(c.tokens) for c in cs], self.device)

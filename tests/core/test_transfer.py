@@ -55,8 +55,10 @@ def test_a_verification_copies_nothing_blocking_after_its_forward(pair_dir, temp
     target.verify([VerifyCall(1, 0, [5, 6, 7, 8], [], None, params),
                    VerifyCall(2, 0, [9, 10], [], None, params)])
     assert not blocking_after_forward
+    # A draft model's sampled proposal brings its q from draft_model's process (host memory)
+    q = torch.softmax(torch.randn(1, target.vocab_size), -1) if temperature else None
     verdicts = target.verify([VerifyCall(1, 4, [11], [12, 13, 14], None, params),
-                              VerifyCall(2, 2, [15], [16], None, params)])
+                              VerifyCall(2, 2, [15], [16], q, params)])
     assert [len(v.tokens) >= 1 for v in verdicts] == [True, True]
     assert blocking_after_forward == []
 
