@@ -30,25 +30,27 @@ class Profiler:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         run = re.sub(r"[^A-Za-z0-9=.-]+", "_", run)
-        spies = []
-        for name, pid in pids.items():
-            out = self.out_dir / f"{run}--{name}.txt"
-            spies.append(subprocess.Popen(
-                [self.binary, "record", "-p", str(pid), "-r", str(self.rate), "-f", "raw",
-                 "-o", str(out), "--nonblocking"],
-                stdout=subprocess.DEVNULL, stderr=open(f"{out}.log", "w")))
-        time.sleep(0.5)   # attached before the run starts
-        try:
-            yield
-        finally:
-            for spy in spies:   # py-spy writes its file on ^C
-                spy.send_signal(signal.SIGINT)
-            for spy in spies:
-                try:
-                    spy.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    spy.kill()
-                    log(f"py-spy {spy.args[3]} did not stop")
+        with contextlib.ExitStack() as logs:
+            spies = []
+            for name, pid in pids.items():
+                out = self.out_dir / f"{run}--{name}.txt"
+                spies.append(subprocess.Popen(
+                    [self.binary, "record", "-p", str(pid), "-r", str(self.rate), "-f", "raw",
+                     "-o", str(out), "--nonblocking"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=logs.enter_context(open(f"{out}.log", "w"))))
+            time.sleep(0.5)   # attached before the run starts
+            try:
+                yield
+            finally:
+                for spy in spies:   # py-spy writes its file on ^C
+                    spy.send_signal(signal.SIGINT)
+                for spy in spies:
+                    try:
+                        spy.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        spy.kill()
+                        log(f"py-spy {spy.args[3]} did not stop")
 
 
 def top(path: Path, n: int = 15) -> str:

@@ -69,14 +69,14 @@ def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, nam
                                                          args.max_tokens, streams)
 
 
+SPIED = ("speculative_decoding", "postprocessing")
+
+
 def _spied(server) -> dict[str, int]:
     """The served run's Python processes: the client's streams, the loop, the detokenizer."""
     from specdec.serving import procs
     found = procs.server_processes(server.proc.pid)
     return {"client": os.getpid(), **{m: found[m] for m in SPIED if m in found}}
-
-
-SPIED = ("speculative_decoding", "postprocessing")
 
 
 def main(argv=None) -> int:
