@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from . import invariant
+from . import invariant, invariant_attention
 from .kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -78,6 +78,10 @@ def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
                        cache_batch_idx=p.slots, causal=True, softmax_scale=scale,
                        window_size=(window - 1, 0) if window else (-1, -1), **extra)
     cache.write(layer, batch.write_slots, batch.positions, k, v)
+    if p.invariant and invariant_attention.ready(q, cache.k[layer], softcap):   # in place
+        return invariant_attention.attend(q, cache.k[layer], cache.v[layer], batch.read_slots,
+                                          batch.positions, window,
+                                          scale or q.shape[-1] ** -0.5, softcap)
     keys, values = cache.read(layer, batch.read_slots, batch.kv_len,
                               batch.first_slot)                             # [B, L, KV, D]
     q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)

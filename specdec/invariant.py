@@ -20,13 +20,18 @@ Norms, softmax over the vocabulary and sampling reduce each row alone already.
 On CUDA cuBLAS chooses its kernel by the GEMM's M and a bmm's batch count as well (measured on
 an H200 at Llama-3.1-8B's shapes: F.linear changed a row's bits at 57-126 of 159 row counts, the
 CPU's 16-row bmm from 17 rows on, its per-token attention in 79 of 315 cases), so there every
-call keeps one shape: linear layers a GEMM per CUDA_ROWS-row block, attention calls of exactly
-ATTN_ROWS rows x ATTN_TOKENS tokens (benchmarks/invariance_probe.py; docs/exactness.md).
+call keeps one shape. In bfloat16 and float16 that is one Triton kernel of a fixed tiling for
+the linear layers (invariant_gemm.py) and one for attention over the KV slots in place
+(invariant_attention.py), each probed at load; elsewhere a cuBLAS GEMM per CUDA_ROWS-row block,
+and attention calls of exactly ATTN_ROWS rows x ATTN_TOKENS tokens
+(benchmarks/invariance_probe.py; docs/exactness.md).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from . import invariant_attention, invariant_gemm
 
 ROWS = 16       # rows per GEMM on the CPU: a multiple of its kernels' row tiles
 CUDA_ROWS = 128  # rows per GEMM on CUDA: a decode batch's tokens (16 rows x K + 1), 1-2 GEMMs
@@ -36,9 +41,15 @@ ATTN_ROWS, ATTN_TOKENS = 16, 9   # CUDA: rows and tokens per attention call (a K
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, weight, bias), each row computed in a GEMM of one shape whatever M is: on the
-    CPU [ROWS, in] x [in, out] blocks in one bmm; on CUDA [CUDA_ROWS, in] blocks, a GEMM each."""
+    CPU [ROWS, in] x [in, out] blocks in one bmm; on CUDA invariant_gemm's kernel where `prepare`
+    found it usable, else [CUDA_ROWS, in] blocks, a cuBLAS GEMM each."""
     shape = x.shape
     rows = x.reshape(-1, shape[-1])
+    if invariant_gemm.ready(weight):   # probed at load (CUDA): one kernel, any M
+        out = invariant_gemm.linear(rows, weight)
+        if bias is not None:
+            out = out + bias
+        return out.view(*shape[:-1], weight.shape[0])
     m = rows.shape[0]
     block = CUDA_ROWS if x.device.type == "cuda" else ROWS
     pad = -m % block
@@ -157,6 +168,24 @@ def _sum_in_order(parts: torch.Tensor) -> torch.Tensor:
     for j in range(1, parts.shape[1]):
         out = out + parts[:, j]
     return out
+
+
+def _kernels_for(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+
+
+def prepare(weight: torch.Tensor) -> None:
+    """At load, before CUDA graphs: on CUDA in 16-bit dtypes, probe invariant_gemm's kernel at
+    this weight's shape (`linear` uses it where the probe passed)."""
+    if _kernels_for(weight.device, weight.dtype):
+        invariant_gemm.probe(weight)
+
+
+def prepare_attention(kv: int, g: int, d: int, dtype: torch.dtype, device: torch.device,
+                      softcap: float | None) -> None:
+    """The same for invariant_attention's kernel (attention.attend uses it where it passed)."""
+    if _kernels_for(device, dtype):
+        invariant_attention.probe(kv, g, d, dtype, device, softcap)
 
 
 # Row counts a forward may give a linear layer, probed at load (kernels switch on small M).

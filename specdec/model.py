@@ -325,11 +325,18 @@ class Transformer(nn.Module):
     def make_batch_invariant(self) -> None:
         """Score every token with the same arithmetic whatever its forward holds (invariant.py):
         attention by invariant.attention, and each linear layer over fixed row blocks unless
-        this device's own kernel is shown row-invariant at its shape."""
+        this device's own kernel is shown row-invariant at its shape; on CUDA in 16-bit dtypes
+        the Triton kernels where their probes pass."""
         self.invariant = True
         for m in self.modules():
             if isinstance(m, Linear):
                 m.blocked = not invariant.plain_linear_is_invariant(m.weight)
+                if m.blocked:
+                    invariant.prepare(m.weight)
+            elif isinstance(m, Attention):
+                a, w = m.args, m.o_proj.weight
+                invariant.prepare_attention(a.num_kv_heads, a.num_heads // a.num_kv_heads,
+                                            a.head_dim, w.dtype, w.device, a.attn_softcap)
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:

@@ -1,7 +1,13 @@
 import asyncio
+import os
 
 import pytest
 import torch
+
+# Without a GPU the exact mode's Triton kernels (specdec/triton_kernels.py) run in Triton's
+# interpreter, which triton reads from the environment as it is imported: set before that.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier

@@ -1,0 +1,142 @@
+"""Batch-invariant attention for CUDA in 16-bit dtypes: one Triton kernel over the KV slot pool.
+
+invariant.attention on CUDA otherwise keeps cuBLAS on one shape by padding: every call is
+exactly ATTN_ROWS rows x ATTN_TOKENS tokens, over all the batch's keys in float32 copies. Under
+CUDA graphs the batch's keys are the cache's max_len, so a decode step at one row read 16 rows
+of max_len keys per layer, whatever the sequence's length. This kernel reads each row's keys in
+place from its slot, up to its own last query's position, BLOCK_N at a time from key 0 in order
+(triton_kernels.attention): a query's sums run over the same blocks in the same order alone or
+beside other rows and tokens, and blocks past its position are exact no-ops.
+
+`probe` checks that at load on the device itself, per (KV heads, group, head dim, dtype,
+softcap): a query alone equal, bit for bit, to the same query among four tokens of its row with
+rows of other lengths beside it, and every output close to plain softmax attention. Where it
+fails (or triton is missing or does not compile), the log says so and attention keeps
+invariant.attention's padded calls.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("specdec")
+
+# The tiling: BLOCK_N is part of the arithmetic (the online softmax's rescales fall at block
+# edges), so fixed; BLOCK_M queries (tokens x group) a program. Chosen, not tuned on a GPU yet.
+BLOCK_M, BLOCK_N = 16, 64
+NUM_WARPS, NUM_STAGES = 4, 2
+
+_ready: dict[tuple, bool] = {}
+_kernel = None
+enabled = True   # False: the padded calls (benchmarks time both)
+
+
+def _build():
+    from .triton_kernels import attention
+    return attention
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+           positions: torch.Tensor, window: int, scale: float,
+           softcap: float | None) -> torch.Tensor:
+    """q [B, T, H, D]; k_cache, v_cache [S, L, KV, D] holding this forward's keys and values;
+    slots [B] each row's slot; positions [B, T]. Returns [B, T, H, D]: query (b, t) over keys
+    0..positions[b, t] of slot slots[b] (the last `window` of them where window > 0)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = _build()
+    b, t, h, d = q.shape
+    length, kv = k_cache.shape[1], k_cache.shape[2]
+    g = h // kv
+    out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
+    if b == 0 or t == 0:
+        return out
+    grid = (b, kv, -(-(t * g) // BLOCK_M))
+    _kernel[grid](q, k_cache, v_cache, out, slots, positions, t, g, length, window, scale,
+                  softcap or 0.0, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+                  *out.stride(), *positions.stride(), D=d, BM=BLOCK_M, BN=BLOCK_N,
+                  BD=max(16, 1 << (d - 1).bit_length()), CAP=softcap is not None,
+                  num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return out
+
+
+def _key(device, dtype, kv: int, g: int, d: int, softcap: float | None) -> tuple:
+    return (str(device), dtype, kv, g, d, softcap)
+
+
+def ready(q: torch.Tensor, k_cache: torch.Tensor, softcap: float | None) -> bool:
+    """Whether `probe` found the kernel usable for this attention's shape and dtype."""
+    kv = k_cache.shape[2]
+    return enabled and _ready.get(
+        _key(q.device, q.dtype, kv, q.shape[2] // kv, q.shape[3], softcap), False)
+
+
+def probed() -> dict[str, bool]:
+    """What `probe` found, by shape: for benchmarks' records."""
+    return {f"attention {kv} KV x {g}, head dim {d}, {str(dtype).removeprefix('torch.')} "
+            f"{device}" + (f", softcap {cap}" if cap else ""): ok
+            for (device, dtype, kv, g, d, cap), ok in _ready.items()}
+
+
+def reference(q, k_cache, v_cache, slots, positions, window, scale, softcap) -> torch.Tensor:
+    """Plain softmax attention in float32, query by query: what `attend` must come close to."""
+    b, t, h, d = q.shape
+    g = h // k_cache.shape[2]
+    out = torch.zeros(b, t, h, d, dtype=torch.float32, device=q.device)
+    for r in range(b):
+        for i in range(t):
+            p = int(positions[r, i])
+            lo = max(0, p - window + 1) if window else 0
+            keys = k_cache[slots[r], lo:p + 1].float().repeat_interleave(g, 1)   # [n, H, D]
+            values = v_cache[slots[r], lo:p + 1].float().repeat_interleave(g, 1)
+            s = torch.einsum("hd,nhd->hn", q[r, i].float(), keys) * scale
+            if softcap is not None:
+                s = torch.tanh(s / softcap) * softcap
+            out[r, i] = torch.einsum("hn,nhd->hd", s.softmax(-1), values)
+    return out
+
+
+def probe(kv: int, g: int, d: int, dtype: torch.dtype, device: torch.device,
+          softcap: float | None = None) -> bool:
+    """At load, before any CUDA graph is captured: whether the kernel attends row-invariantly
+    and close to plain attention at this shape on this device (cached; logs why not, once)."""
+    key = _key(device, dtype, kv, g, d, softcap)
+    if key in _ready:
+        return _ready[key]
+    try:
+        why = _check(kv, g, d, dtype, device, softcap)
+    except Exception as exc:   # no triton, no compiler for this device, ...
+        why = f"{type(exc).__name__}: {exc}"
+    _ready[key] = why is None
+    if why is not None:
+        log.warning("specdec: invariant attention for %d KV heads x %d, head dim %d, %s on %s: "
+                    "%s; attention uses padded float32 calls", kv, g, d,
+                    str(dtype).removeprefix("torch."), device, why)
+    return _ready[key]
+
+
+def _check(kv: int, g: int, d: int, dtype, device, softcap) -> str | None:
+    gen = torch.Generator().manual_seed(0)
+    slots_n, length = 4, 3 * BLOCK_N
+    k_cache = torch.randn(slots_n, length, kv, d, generator=gen).to(device, dtype)
+    v_cache = torch.randn(slots_n, length, kv, d, generator=gen).to(device, dtype)
+    scale = d ** -0.5
+    # row 0 (slot 2) queries positions 70..73 (past one key block); beside it a short row and
+    # one that ends in the third block
+    q = torch.randn(3, 4, kv * g, d, generator=gen).to(device, dtype)
+    slots = torch.tensor([2, 0, 3], device=device)
+    positions = torch.tensor([[70, 71, 72, 73], [3, 4, 5, 6], [150, 151, 152, 153]],
+                             device=device)
+    with torch.inference_mode():
+        together = attend(q, k_cache, v_cache, slots, positions, 0, scale, softcap)
+        for i in range(4):
+            alone = attend(q[:1, i:i + 1], k_cache, v_cache, slots[:1], positions[:1, i:i + 1],
+                           0, scale, softcap)
+            if not torch.equal(alone[0, 0], together[0, i]):
+                return f"the query at position {70 + i} differs from itself alone"
+        ref = reference(q, k_cache, v_cache, slots, positions, 0, scale, softcap)
+        err = (together.float() - ref).abs().max().item()
+    if not err <= 2 ** -5:   # values ~ N(0, 1), averaged: bf16 rounds at 2^-8 of them
+        return f"max error {err:.3g} against plain attention"
+    return None
