@@ -52,6 +52,13 @@ RUN python3 -m pip install --ignore-installed pip==26.3 setuptools==80.10.2 \
 # 1.26.4: tritonclient's ml-dtypes needs >= 1.26.0 on Python 3.12).
 RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 uvloop==0.23.0 \
         httptools==0.9.0 pydantic==2.14.3 tritonclient==2.73.0 grpcio==1.85.1 protobuf==6.33.6
+# A C compiler and Python's headers for triton (torch's CUDA wheel brings triton 3.7.1): it
+# compiles each kernel's launcher when the kernel is first loaded, and the exact mode's linear
+# layers run a Triton kernel on CUDA (specdec/invariant_gemm.py). Without them the load probe
+# fails and those layers fall back to cuBLAS over 128-row blocks, slower (docs/exactness.md).
+# Ubuntu 24.04's packages, as the base image's apt sources give them.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN if [ -n "${FLASH_ATTN_WHEEL}" ]; then python3 -m pip install "${FLASH_ATTN_WHEEL}"; \
     else echo "FLASH_ATTN_WHEEL is empty: no flash-attn, PyTorch SDPA"; fi
 
@@ -70,8 +77,10 @@ COPY models/default/ /opt/specdec/models/default/
 # SPECDEC_TARGET_MODEL / SPECDEC_DRAFT_MODEL: set by the image, a draft could not be told from a
 # user's, and a user's target would be served beside the toy draft (settings.py model_paths).
 # Mount your checkpoints (e.g. at /models) and set SPECDEC_TARGET_MODEL (and a draft) to them.
+# TRITON_CACHE_DIR: triton's compiled kernels, where the image's user can write.
 ENV SPECDEC_DEFAULT_MODELS=/opt/specdec/models/default \
     HF_HOME=/tmp/huggingface \
+    TRITON_CACHE_DIR=/tmp/triton \
     HF_HUB_OFFLINE=1 \
     OMP_WAIT_POLICY=PASSIVE
 
