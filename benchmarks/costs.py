@@ -35,6 +35,7 @@ from machine import git_state, machine
 
 sys.path.insert(0, str(ROOT))
 
+from specdec import invariant_attention, invariant_gemm  # noqa: E402
 from specdec.eagle.checkpoint import load_head  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.medusa.config import MedusaArgs  # noqa: E402
@@ -299,6 +300,10 @@ def main(argv=None) -> int:
                     help="CUDA graphs; auto: both on CUDA, off on the CPU")
     ap.add_argument("--invariant", default="auto", choices=("auto", "on", "off", "both"),
                     help="batch-invariant arithmetic; auto: both in bf16/fp16, off in float32")
+    ap.add_argument("--invariant-kernels", default="auto", choices=("auto", "off", "both"),
+                    help="the invariant runs on CUDA: auto: the Triton kernels (invariant_gemm, "
+                         "invariant_attention) where their load probes pass, as served; off: "
+                         "cuBLAS over fixed row blocks and padded attention calls; both")
     ap.add_argument("--calls", type=int, default=30, help="timed calls per figure (median)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, help="torch threads on the CPU")
@@ -347,8 +352,13 @@ def main(argv=None) -> int:
                "git": git_state(), "runs": {}}
     invariants = {"auto": [False] if dtype == torch.float32 else [False, True], "on": [True],
                   "off": [False], "both": [False, True]}[args.invariant]
-    for invariant, graphs in ((i, g) for i in invariants for g in settings):
-        key = f"CUDA graphs {'on' if graphs else 'off'}" + (", invariant" if invariant else "")
+    kernels = {"auto": [True], "off": [False], "both": [True, False]}[args.invariant_kernels] \
+        if device.type == "cuda" else [True]   # the CPU has its own blocks, no kernels
+    for invariant, kernel, graphs in ((i, k, g) for i in invariants
+                                      for k in (kernels if i else [True]) for g in settings):
+        key = f"CUDA graphs {'on' if graphs else 'off'}" + (", invariant" if invariant else "") \
+            + ("" if kernel else ", no Triton kernels")
+        invariant_gemm.enabled = invariant_attention.enabled = kernel
         t1 = time.perf_counter()
         per_b = target_costs(model, head, medusa, args, device, graphs, invariant, timer)
         if draft is not None and not invariant:   # the draft's arithmetic is not the target's
@@ -362,6 +372,8 @@ def main(argv=None) -> int:
         # Written after each setting: a run stopped at its time limit keeps what it measured.
         if device.type == "cuda":
             results["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+            results["invariant_kernels_probed"] = {**invariant_gemm.probed(),
+                                                   **invariant_attention.probed()}
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=2) + "\n")

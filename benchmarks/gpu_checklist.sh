@@ -13,7 +13,8 @@
 #   bash benchmarks/gpu_checklist.sh served    # item 3: in process against a real tritonserver
 #                                              # at 8B shapes, both placements: 6-7 min (H200)
 #                                              # (PLACEMENTS=auto: the default alone; COSTS_S=90:
-#                                              # costs.py's step at batch 1 and 16 after it)
+#                                              # costs.py's step at batch 1 and 16 after it, with
+#                                              # the exact mode's Triton kernels and without)
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
 # `served` needs .gpu/ from benchmarks/pack_server.sh carried (tritonserver and the client's
@@ -202,7 +203,8 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
         stamp "costs at batch ${COST_BATCHES:-1,16}"
         timeout -k 10 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/costs.py --pair "$pair" \
             --batches "${COST_BATCHES:-1,16}" --ks 2,4 --graphs on --invariant on --calls 10 \
-            --warmup 3 --json "$out/costs.json" 2>&1 | tee "$out/costs.md"
+            --invariant-kernels "${INVARIANT_KERNELS:-both}" --warmup 3 --json "$out/costs.json" \
+            2>&1 | tee "$out/costs.md"
     fi
     for log in /tmp/specdec-bench-*/tritonserver.log; do   # one a server
         [ -f "$log" ] && cp "$log" "$out/tritonserver-$(basename "$(dirname "$log")").log"

@@ -6,8 +6,9 @@ row counts M in 1..--max-rows at which some row differs from the same row comput
 F.linear, invariant.linear, the CPU's blocked bmm on this device, RMSNorm; and for
 invariant.attention (and the CPU's path, and a variant without padding, here on this device),
 the (end, tokens in the call, rows, masked keys past the end) at which a query's output
-differs from the same query alone. Then the median ms of F.linear and invariant.linear at 8B's
-shapes, and of the attentions at 16 rows x 9 tokens.
+differs from the same query alone. On CUDA also invariant_gemm's Triton kernel. Then the median
+ms of each linear at 8B's shapes, of the attentions at 16 rows x 9 tokens, and of
+invariant_attention's kernel against the padded calls at 16 rows and at one.
 
     python3 benchmarks/invariance_probe.py --device cuda --json $OUT/invariance.json
 """
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specdec import invariant  # noqa: E402
+from specdec import invariant, invariant_attention, invariant_gemm  # noqa: E402
 from specdec.config import ModelArgs  # noqa: E402
 from specdec.model import RMSNorm  # noqa: E402
 
@@ -44,6 +45,9 @@ def bmm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 LINEARS = {"F.linear": lambda x, w: F.linear(x, w),
            "invariant.linear": lambda x, w: invariant.linear(x, w, None),
            "16-row bmm": bmm_linear}
+# CUDA: invariant.linear above is its cuBLAS blocks (these weights are not probed), and the
+# Triton kernel that serves where its load probe passes (specdec/invariant_gemm.py).
+CUDA_LINEARS = {"triton GEMM": lambda x, w: invariant_gemm.linear(x, w)}
 
 
 def differing_rows(fn, x: torch.Tensor, max_rows: int) -> list[int]:
@@ -90,6 +94,30 @@ def attention_differs(fn, device, dtype, kv: int, g: int, d: int, gen) -> list[l
     return bad
 
 
+def kernel_attention_ms(model: str, kv: int, g: int, d: int, dtype, device) -> list[dict]:
+    """invariant_attention's kernel against invariant.attention's padded calls: 16 rows x 9
+    tokens and 1 row x 1 token at position 575, over a cache of 576 keys and of 4096 (CUDA
+    graphs attend over the cache's max_len; the kernel reads up to each row's position)."""
+    rows = []
+    for b, t in ((16, 9), (1, 1)):
+        for length in (576, 4096):
+            k = torch.randn(b, length, kv, d, device=device, dtype=dtype)
+            v = torch.randn_like(k)
+            q = torch.randn(b, t, kv * g, d, device=device, dtype=dtype)
+            slots = torch.arange(b, device=device)
+            positions = torch.arange(576 - t, 576, device=device).expand(b, t)
+            mask = (torch.arange(length, device=device) <= positions[:, None, :, None])
+            ms = {"triton attention": timed(lambda: invariant_attention.attend(
+                      q, k, v, slots, positions, 0, d ** -0.5, None), device),
+                  "invariant.attention": timed(lambda: invariant.attention(
+                      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                      d ** -0.5, None), device)}
+            rows.append(dict(attention=model, rows=b, tokens=t, keys=length, **ms))
+            print(f"attention {model}, {b} rows x {t} tokens at position 575, cache of {length}: "
+                  + ", ".join(f"{k_} {v_:.3f} ms" for k_, v_ in ms.items()), flush=True)
+    return rows
+
+
 def timed(fn, device, n: int = 30) -> float:
     for _ in range(5):
         fn()
@@ -124,20 +152,21 @@ def main() -> None:
     shapes += [] if a.skip_8b else [("8b", s) for s in SHAPES_8B]
     out: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                  "dtype": a.dtype, "linear": [], "rmsnorm": [], "attention": {}, "ms": []}
+    linears = LINEARS | (CUDA_LINEARS if device.type == "cuda" else {})
     with torch.inference_mode():
         for model, (n_in, n_out) in shapes:
             w = (torch.randn(n_out, n_in, generator=gen) * n_in ** -0.5).to(device, dtype)
             x = torch.randn(a.max_rows, n_in, generator=gen).to(device, dtype)
-            for name, fn in LINEARS.items():
+            for name, fn in linears.items():
                 bad = differing_rows(lambda r: fn(r, w), x, a.max_rows)
                 out["linear"].append(dict(model=model, shape=[n_in, n_out], op=name, differ_at=bad))
                 print(f"{model} [{n_in} -> {n_out}] {name}: "
                       f"{len(bad)} of {a.max_rows - 1} row counts differ"
                       + (f" (first {bad[:8]})" if bad else ""), flush=True)
             if model == "8b" and device.type == "cuda":
-                for m in (1, 16, 48, 144):
+                for m in (1, 5, 16, 48, 80, 144):   # 5, 80: a K=4 verification of 1, 16 rows
                     row = dict(shape=[n_in, n_out], m=m)
-                    for name, fn in LINEARS.items():
+                    for name, fn in linears.items():
                         row[name] = timed(lambda: fn(x[:m], w), device)
                     out["ms"].append(row)
                     print(f"8b [{n_in} -> {n_out}] M={m}: " + ", ".join(
@@ -167,6 +196,7 @@ def main() -> None:
                 out["ms"].append(dict(attention=model, **ms))
                 print(f"attention {model}, 16 rows x 9 tokens over 576 keys: " +
                       ", ".join(f"{k_} {v_:.3f} ms" for k_, v_ in ms.items()), flush=True)
+                out["ms"] += kernel_attention_ms(model, kv_, g_, d_, dtype, device)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
