@@ -29,7 +29,9 @@ def gemm(x, w, out, M, N, K, m_tiles, sxm, sxk, swn, swk, som, son,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["T", "window"])
+# Arguments that change with the call's rows and tokens are not specialized on (triton compiles
+# a variant per value that is 1 or a multiple of 16): every call runs one compiled kernel.
+@triton.jit(do_not_specialize=["T", "window", "sqb", "sob", "spb"])
 def attention(q, k, v, out, slots, positions, T, G, L, window, scale, softcap,
               sqb, sqt, sqh, sqd, sks, skn, skh, skd, svs, svn, svh, svd,
               sob, sot, soh, sod, spb, spt,
