@@ -140,6 +140,12 @@ def command(model_repository: Path, backend_dir: Path | None, http: int, grpc: i
         # Explicit control lets the orchestrator reload a model whose stub died; `*` loads every
         # model at start, as the default mode would.
         "--model-control-mode=explicit", "--load-model=*",
+        # Every config.pbtxt is complete. With auto-completion on, the Python backend starts a
+        # stub per model only to ask it for a config (importing torch there too), then the
+        # instance's own: 13.2 against 9.7 s to ready here, measured twice each (2 vCPUs).
+        # --strict-model-config=false (a user's partial configs) turns it back on.
+        *([] if any(a.startswith("--strict-model-config") for a in extra)
+          else ["--disable-auto-complete-config"]),
         *restricted(secrets.token_urlsafe(24)),
         # Draft probabilities ([K, V] fp32 per sequence) travel through shared memory.
         *_unless_set(extra, "--backend-config=python,shm-default-byte-size=16777216"),

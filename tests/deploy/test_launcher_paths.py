@@ -1,6 +1,7 @@
 """The launcher's paths where the package is installed, not checked out: REPO_ROOT is then
 site-packages, and nvidia-pytriton may sit in another site-packages than the launcher's."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,14 @@ def test_pytriton_root_is_the_wheels_server_directory():
     root = launch.pytriton_root()
     assert (root / "bin" / "tritonserver").is_file()
     assert (root.parents[1] / "nvidia_pytriton.libs").is_dir()
+
+
+def test_auto_completion_is_off_unless_the_user_wants_partial_configs():
+    """Every config.pbtxt here is complete (each e2e server loads them so); auto-completion
+    would start a stub per model for nothing. A user's --strict-model-config=false keeps it."""
+    def build(extra=()):
+        return launch.command(Path("repo"), None, 8000, 8001, 8002, list(extra))
+    assert "--disable-auto-complete-config" in build()
+    lenient = build(["--strict-model-config=false"])
+    assert "--disable-auto-complete-config" not in lenient
+    assert "--strict-model-config=false" in lenient
