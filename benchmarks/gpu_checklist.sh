@@ -6,7 +6,8 @@
 # $OUT/checklist-PART.tgz after every step (else gpu-out/).
 #
 #   bash benchmarks/gpu_checklist.sh costs     # items 2, 4 (+ SWIFT, Medusa), 1 at 8B: 8 min
-#   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair: 1.5 min (H100)
+#   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair, the exact mode's
+#                                              # kernels: 1.5 min (H100) before them
 #   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
 #   bash benchmarks/gpu_checklist.sh tp        # issue 30: tensor parallelism at 70B's shape,
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
@@ -61,7 +62,7 @@ costs)
     # 1. CUDA correctness: the CUDA-only core tests (captured graphs keep greedy output exact for
     #    the draft, the target and the head; bf16 batch invariance, graphs on and off).
     stamp "CUDA core tests"
-    timeout 60 $py -m pytest -q -p no:cacheprovider tests/core -k "cuda or captured" 2>&1 \
+    timeout 120 $py -m pytest -q -p no:cacheprovider tests/core -k "cuda or captured" 2>&1 \
         | tee "$out/core-tests.log" | tail -6
     #    Exactness end to end at 8B's shapes: random weights make near-ties everywhere.
     stamp "exactness at 8B shapes"
@@ -77,10 +78,15 @@ costs)
         > "$out/profile-8b.md" 2>&1
     ;;
 exact)
-    # 1. Exactness on the embedded pair: which operators keep a row's bits whatever else the
-    #    forward holds, on this GPU, and what the invariant linear layer costs at 8B's shapes.
+    # 1. Exactness on the embedded pair: the exact mode's Triton kernels compiled and probed at
+    #    8B and Gemma 2 shapes (a failure there is a fallback when serving; the log says why),
+    #    which operators keep a row's bits whatever else the forward holds, on this GPU, and
+    #    what the invariant linear layer and attention cost at 8B's shapes.
+    stamp "Triton kernels at real shapes"
+    timeout 120 $py -m pytest -q -p no:cacheprovider tests/core/test_invariant_gemm.py \
+        tests/core/test_invariant_attention.py -k cuda 2>&1 | tee "$out/kernels.log" | tail -6
     stamp "invariance probe"
-    timeout 90 $py benchmarks/invariance_probe.py --device cuda --json "$out/invariance.json" \
+    timeout 180 $py benchmarks/invariance_probe.py --device cuda --json "$out/invariance.json" \
         2>&1 | tee "$out/invariance.md"
     #    Speculative greedy output against target-only in bf16 on CUDA, every proposer (the
     #    in-target ones with --in-target; Medusa heads where reports/medusa-short travelled),
