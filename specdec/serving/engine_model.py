@@ -3,25 +3,25 @@
 A request holds one sequence's call, a release, or (target_model) a round's verifications, a
 row each (calls.py). A bad call gets its own error, a request's or a row's; the rest of the
 batch runs.
+
+torch, and what imports it, is imported where an engine loads or a call runs, not here: by the
+placements' defaults target_model and draft_model load nothing (the engines run in
+speculative_decoding's process), and importing torch there cost each server start about 3.5 s
+to ready on 2 vCPUs (7.4-9.4 s against 4.3-5.1 with the two idle; docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from .. import names, simulate
 from ..config import ModelArgs
-from ..eagle.checkpoint import check_verifier
-from ..engine import Engine
 from ..records import Proposer
 from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, triton_error
 from .checks import check_one_instance, cuda_line, say
-from .dlpack import read_torch, torch_output
-from .drafters import attach
 from .requests import InvalidInput
 from .settings import EngineSettings, InTargetSettings, check_device
-from .tokenizer import check_draft_tokenizer
+from .tokenizer import check_draft_tokenizer, in_triton_stub
 
 _COMMON = (names.CALL, names.SAMPLING, names.TOKENS)
 
@@ -61,6 +61,10 @@ class _EngineModel:
             self.check_pair(s, ModelArgs.from_dir(s.target_model_path).vocab_size)
         if self.disabled_why:   # nothing to load, nothing will call it
             return
+        import torch
+
+        from ..engine import Engine
+        from .drafters import attach
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
@@ -101,9 +105,13 @@ class _EngineModel:
         """Refuse a draft or head made for another target, before any weights load."""
         if self.role == "draft":
             own = ModelArgs.from_dir(s.model_path).vocab_size
+            # A draft_model that loads nothing (its draft runs in target_model) never needs
+            # torch: its stub checks the tokenizers without it.
+            idle = self.disabled_why is not None and in_triton_stub()
             say(f"{self.role}_model", check_draft_tokenizer(s.model_path, s.tokenizer_path, own,
-                                                            target_vocab))
+                                                            target_vocab, torch_free=idle))
         elif s.eagle_head_path:
+            from ..eagle.checkpoint import check_verifier
             say(f"{self.role}_model", check_verifier(s.eagle_head_path, s.target_model_path))
 
     def _slot_gauges(self, pb, total: int) -> None:
@@ -204,6 +212,7 @@ class DraftModel(_EngineModel):
             return error_response(self.pb, p)
         out = [self.pb.Tensor(names.DRAFT_TOKENS, np.array([p.tokens], np.int32))]
         if p.probs is not None and names.DRAFT_PROBS in request.requested_output_names():
+            from .dlpack import torch_output
             out.append(torch_output(self.pb, names.DRAFT_PROBS, p.probs[None].float()))
         return self.pb.InferenceResponse(output_tensors=out)
 
@@ -213,6 +222,7 @@ class TargetModel(_EngineModel):
     inputs = _COMMON
 
     def parse(self, inputs, request):
+        from .dlpack import read_torch
         return calls.verify_calls(inputs, read_torch(self.pb, request, names.DRAFT_PROBS))
 
     def run(self, work):

@@ -92,12 +92,13 @@ def vocab_digest(vocab: dict[str, int]) -> str:
 
 
 def check_draft_tokenizer(draft_dir: str, tokenizer_dir: str, draft_vocab_size: int,
-                          target_vocab_size: int) -> str:
+                          target_vocab_size: int, torch_free: bool = False) -> str:
     """Refuse a draft whose ids mean other tokens than the served tokenizer's. The draft's own
     tokenizer lives beside its weights (a Hugging Face checkpoint directory); a token both
     vocabularies hold must have one id in both, and an id both hold one token (a draft with
     fewer added tokens is served: it never proposes ids it lacks). A draft directory with no
-    tokenizer files is compared by vocab_size alone. Returns a line saying what was checked."""
+    tokenizer files is compared by vocab_size alone. Returns a line saying what was checked.
+    torch_free: load_tokenizer's (a process that loads no engine)."""
     if not any((Path(draft_dir) / f).is_file() for f in TOKENIZER_FILES):
         if draft_vocab_size != target_vocab_size:
             raise TokenizerMismatch(
@@ -106,7 +107,7 @@ def check_draft_tokenizer(draft_dir: str, tokenizer_dir: str, draft_vocab_size: 
                 f"copy the draft's tokenizer beside its weights")
         return (f"draft {draft_dir} has no tokenizer files: only vocab_size compared "
                 f"({draft_vocab_size} both)")
-    draft, served = load_tokenizer(draft_dir).get_vocab(), load_tokenizer(tokenizer_dir).get_vocab()
+    draft, served = (load_tokenizer(d, torch_free).get_vocab() for d in (draft_dir, tokenizer_dir))
     by_id = {i: t for t, i in served.items()}
     moved = [(t, i, served[t]) for t, i in draft.items() if t in served and served[t] != i]
     moved += [(t, i, None) for t, i in draft.items() if t not in served and i in by_id]
