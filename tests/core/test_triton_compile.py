@@ -1,0 +1,64 @@
+"""The exact mode's Triton kernels compiled ahead of time for an H100 (sm_90) and an A100
+(sm_80), without a GPU: triton's own compiler and ptxas, as a GPU's first load would run them.
+A kernel that does not compile there would be a fallback on every GPU (invariant_gemm.probe);
+this finds it on the CPU. Run in a process of its own: the tests' Triton interpreter
+(conftest.py) replaces the kernels with interpreted ones as triton is imported."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+from specdec import invariant_attention, invariant_gemm  # noqa: E402
+
+SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specdec import triton_kernels as tk
+
+def compiled(fn, sig, consts, cc, **options):
+    sig = {**sig, **{name: "constexpr" for name in consts}}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                            target=GPUTarget("cuda", cc, 32), options=options)
+    return {"shared": kernel.metadata.shared, "cubin": len(kernel.asm.get("cubin", b""))}
+
+gemm, attention, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), {}
+ints = lambda names, kind: {n: kind for n in names.split()}
+for cc in (80, 90):
+    out[f"gemm {cc}"] = compiled(
+        tk.gemm, {"x": "*bf16", "w": "*bf16", "out": "*bf16",
+                  **ints("M N K m_tiles sxm sxk swn swk som son", "i32")},
+        {"BM": gemm["BM"], "BN": gemm["BN"], "BK": gemm["BK"]}, cc,
+        num_warps=gemm["warps"], num_stages=gemm["stages"])
+    for d, cap in ((128, False), (256, True)):   # Llama's head dim; Gemma 2's, capped
+        out[f"attention {cc} {d}"] = compiled(
+            tk.attention, {**{n: "*bf16" for n in ("q", "k", "v", "out")},
+                           "slots": "*i64", "positions": "*i64",
+                           **ints("T G L window", "i32"), "scale": "fp32", "softcap": "fp32",
+                           **ints("sqb sqt sqh sqd sks skn skh skd svs svn svh svd "
+                                  "sob sot soh sod spb spt", "i64")},
+            {"D": d, "BM": attention["BM"], "BN": attention["BN"], "BD": d, "CAP": cap}, cc,
+            num_warps=attention["warps"], num_stages=attention["stages"])
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_h100_and_a100(tmp_path):
+    g, a = invariant_gemm, invariant_attention
+    gemm = dict(BM=g.BLOCK_M, BN=g.BLOCK_N, BK=g.BLOCK_K, warps=g.NUM_WARPS, stages=g.NUM_STAGES)
+    attention = dict(BM=a.BLOCK_M, BN=a.BLOCK_N, warps=a.NUM_WARPS, stages=a.NUM_STAGES)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(gemm), json.dumps(attention)],
+                          env={**env, "TRITON_CACHE_DIR": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    kernels = json.loads(done.stdout.splitlines()[-1])
+    assert len(kernels) == 6
+    for name, k in kernels.items():
+        # cubin built; shared memory within the 99 KB a block may use on sm_86/89 GPUs
+        assert k["cubin"] > 0 and 0 < k["shared"] <= 99 * 1024, (name, k)
