@@ -1,7 +1,8 @@
 """The exact mode's Triton kernels compiled ahead of time for an H100 (sm_90) and an A100
 (sm_80), without a GPU: triton's own compiler and ptxas, as a GPU's first load would run them.
 A kernel that does not compile there would be a fallback on every GPU (invariant_gemm.probe);
-this finds it on the CPU. Run in a process of its own: the tests' Triton interpreter
+this finds it on the CPU, and reads from the PTX that the loads are pipelined (cp.async) into
+tensor-core products (mma). Run in a process of its own: the tests' Triton interpreter
 (conftest.py) replaces the kernels with interpreted ones as triton is imported."""
 import json
 import os
@@ -21,11 +22,24 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from specdec import triton_kernels as tk
 
+UNIT = ("sxk", "swk", "son", "sqd", "skd", "svd", "sod", "spt")
+BY_16 = ("N", "K", "sxm", "swn", "som", "L", "sks", "skn", "skh", "svs", "svn", "svh", "sqt",
+         "sqh", "sot", "soh")
+
 def compiled(fn, sig, consts, cc, **options):
+    # As the JIT specializes a call at an 8B model's shapes: unit strides are constants, the
+    # pointers 16-byte aligned and these sizes and strides multiples of 16 (so the loads
+    # vectorize and the loop pipelines through shared memory); the arguments the kernels keep
+    # unspecialized (M, T, ...) stay plain.
+    consts = {**consts, **{n: 1 for n in UNIT if n in sig}}
     sig = {**sig, **{name: "constexpr" for name in consts}}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+               if t.startswith("*") or n in BY_16}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=aligned),
                             target=GPUTarget("cuda", cc, 32), options=options)
-    return {"shared": kernel.metadata.shared, "cubin": len(kernel.asm.get("cubin", b""))}
+    ptx = kernel.asm["ptx"]
+    return {"shared": kernel.metadata.shared, "cubin": len(kernel.asm.get("cubin", b"")),
+            "cp.async": ptx.count("cp.async"), "mma": ptx.count("mma.sync")}
 
 gemm, attention, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), {}
 ints = lambda names, kind: {n: kind for n in names.split()}
@@ -60,5 +74,7 @@ def test_kernels_compile_for_h100_and_a100(tmp_path):
     kernels = json.loads(done.stdout.splitlines()[-1])
     assert len(kernels) == 6
     for name, k in kernels.items():
-        # cubin built; shared memory within the 99 KB a block may use on sm_86/89 GPUs
-        assert k["cubin"] > 0 and 0 < k["shared"] <= 99 * 1024, (name, k)
+        # cubin built on tensor cores, loads pipelined through shared memory, within the 99 KB
+        # a block may use on sm_86/89 GPUs
+        assert k["cubin"] > 0 and k["mma"] > 0 and k["cp.async"] > 0, (name, k)
+        assert 0 < k["shared"] <= 99 * 1024, (name, k)
