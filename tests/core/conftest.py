@@ -76,3 +76,12 @@ def generate(target: Engine, draft: Engine | None, requests: list[Request],
         return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
 
     return asyncio.run(run())
+
+
+def without_triton(module, monkeypatch) -> None:
+    """invariant_gemm or invariant_attention as on a machine without triton: its kernel's
+    import fails at first use."""
+    def missing():
+        raise ImportError("No module named 'triton'")
+    monkeypatch.setattr(module, "_build", missing)
+    monkeypatch.setattr(module, "_kernel", None)

@@ -13,7 +13,7 @@ from specdec import invariant, invariant_attention  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.records import Request  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
-from tests.core.conftest import generate  # noqa: E402
+from tests.core.conftest import generate, without_triton  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -103,10 +103,7 @@ def test_a_wrong_kernel_is_refused(monkeypatch, caplog):
 
 
 def test_no_triton_keeps_the_padded_calls(monkeypatch, caplog):
-    def missing():
-        raise ImportError("No module named 'triton'")
-    monkeypatch.setattr(invariant_attention, "_build", missing)
-    monkeypatch.setattr(invariant_attention, "_kernel", None)
+    without_triton(invariant_attention, monkeypatch)
     with caplog.at_level(logging.WARNING, "specdec"):
         assert not invariant_attention.probe(2, 4, 32, torch.float16, CPU)
     assert "No module named 'triton'" in caplog.text

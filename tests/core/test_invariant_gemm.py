@@ -10,6 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from specdec import invariant, invariant_gemm  # noqa: E402
+from tests.core.conftest import without_triton  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -86,10 +87,7 @@ def test_a_wrong_kernel_is_refused(monkeypatch, caplog):
 
 
 def test_no_triton_keeps_the_blocks(monkeypatch, caplog):
-    def missing():
-        raise ImportError("No module named 'triton'")
-    monkeypatch.setattr(invariant_gemm, "_build", missing)
-    monkeypatch.setattr(invariant_gemm, "_kernel", None)
+    without_triton(invariant_gemm, monkeypatch)
     w = weights(64, 128)
     with caplog.at_level(logging.WARNING, "specdec"):
         assert not invariant_gemm.probe(w)
