@@ -105,7 +105,9 @@ def test_served_code_is_the_installed_copy(installed_server, installed):
     origins = installed.origins()
     for model, pid in stubs.items():
         assert pid in origins, f"{model}'s backend process (pid {pid}) imported no specdec module"
-    assert "specdec.eagle" in origins[stubs["target_model"]]
+    # The target's engine, and with it the head's package, loads in speculative_decoding's
+    # process by default; target_model and draft_model load nothing there (no torch either).
+    assert "specdec.eagle" in origins[stubs["speculative_decoding"]]
     for pid, modules in origins.items():
         for name, origin in modules.items():
             assert origin.startswith(str(installed.site_packages) + "/"), \
