@@ -66,10 +66,12 @@ def _key(device, dtype, kv: int, g: int, d: int, softcap: float | None) -> tuple
 
 
 def ready(q: torch.Tensor, k_cache: torch.Tensor, softcap: float | None) -> bool:
-    """Whether `probe` found the kernel usable for this attention's shape and dtype."""
+    """Whether `probe` found the kernel usable for this attention's shape and dtype. Asked on
+    every invariant attention call: where nothing was probed (the CPU) no key is built."""
+    if not (enabled and _ready):
+        return False
     kv = k_cache.shape[2]
-    return enabled and _ready.get(
-        _key(q.device, q.dtype, kv, q.shape[2] // kv, q.shape[3], softcap), False)
+    return _ready.get(_key(q.device, q.dtype, kv, q.shape[2] // kv, q.shape[3], softcap), False)
 
 
 def probed() -> dict[str, bool]:

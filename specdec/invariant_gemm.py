@@ -69,8 +69,9 @@ def _key(weight: torch.Tensor) -> tuple:
 
 
 def ready(weight: torch.Tensor) -> bool:
-    """Whether `probe` found the kernel usable for this weight's device, dtype and shape."""
-    return enabled and _ready.get(_key(weight), False)
+    """Whether `probe` found the kernel usable for this weight's device, dtype and shape. Asked
+    on every blocked linear call: where nothing was probed (the CPU) no key is built."""
+    return enabled and bool(_ready) and _ready.get(_key(weight), False)
 
 
 def probed() -> dict[str, bool]:
