@@ -95,26 +95,33 @@ def attention_differs(fn, device, dtype, kv: int, g: int, d: int, gen) -> list[l
 
 
 def kernel_attention_ms(model: str, kv: int, g: int, d: int, dtype, device) -> list[dict]:
-    """invariant_attention's kernel against invariant.attention's padded calls: 16 rows x 9
-    tokens and 1 row x 1 token at position 575, over a cache of 576 keys and of 4096 (CUDA
-    graphs attend over the cache's max_len; the kernel reads up to each row's position)."""
+    """invariant_attention's kernel, as a call chooses and in both forms (a program per query
+    tile; per tile and 256-key split, merged after), against invariant.attention's padded
+    calls: 16 rows x 9 tokens and 1 row x 1 token at position 575, over a cache of 576 keys and
+    of 4096 (CUDA graphs attend over the cache's max_len; the kernel reads up to each row's
+    position), and at a long context's position 4095 one row and four."""
     rows = []
-    for b, t in ((16, 9), (1, 1)):
-        for length in (576, 4096):
-            k = torch.randn(b, length, kv, d, device=device, dtype=dtype)
-            v = torch.randn_like(k)
-            q = torch.randn(b, t, kv * g, d, device=device, dtype=dtype)
-            slots = torch.arange(b, device=device)
-            positions = torch.arange(576 - t, 576, device=device).expand(b, t)
-            mask = (torch.arange(length, device=device) <= positions[:, None, :, None])
-            ms = {"triton attention": timed(lambda: invariant_attention.attend(
-                      q, k, v, slots, positions, 0, d ** -0.5, None), device),
-                  "invariant.attention": timed(lambda: invariant.attention(
-                      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
-                      d ** -0.5, None), device)}
-            rows.append(dict(attention=model, rows=b, tokens=t, keys=length, **ms))
-            print(f"attention {model}, {b} rows x {t} tokens at position 575, cache of {length}: "
-                  + ", ".join(f"{k_} {v_:.3f} ms" for k_, v_ in ms.items()), flush=True)
+    for b, t, length, last in ((16, 9, 576, 575), (16, 9, 4096, 575), (1, 1, 576, 575),
+                               (1, 1, 4096, 575), (1, 1, 4096, 4095), (4, 9, 4096, 4095)):
+        k = torch.randn(b, length, kv, d, device=device, dtype=dtype)
+        v = torch.randn_like(k)
+        q = torch.randn(b, t, kv * g, d, device=device, dtype=dtype)
+        slots = torch.arange(b, device=device)
+        positions = torch.arange(last + 1 - t, last + 1, device=device).expand(b, t)
+        mask = (torch.arange(length, device=device) <= positions[:, None, :, None])
+
+        def kernel(split):
+            return lambda: invariant_attention.attend(q, k, v, slots, positions, 0, d ** -0.5,
+                                                      None, split)
+        ms = {"triton attention": timed(kernel(None), device),
+              "per tile": timed(kernel(False), device),
+              "split": timed(kernel(True), device),
+              "invariant.attention": timed(lambda: invariant.attention(
+                  q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                  d ** -0.5, None), device)}
+        rows.append(dict(attention=model, rows=b, tokens=t, keys=length, position=last, **ms))
+        print(f"attention {model}, {b} rows x {t} tokens at position {last}, cache of {length}: "
+              + ", ".join(f"{k_} {v_:.3f} ms" for k_, v_ in ms.items()), flush=True)
     return rows
 
 

@@ -4,27 +4,32 @@ invariant.attention on CUDA otherwise keeps cuBLAS on one shape by padding: ever
 exactly ATTN_ROWS rows x ATTN_TOKENS tokens, over all the batch's keys in float32 copies. Under
 CUDA graphs the batch's keys are the cache's max_len, so a decode step at one row read 16 rows
 of max_len keys per layer, whatever the sequence's length. This kernel reads each row's keys in
-place from its slot, up to its own last query's position, BLOCK_N at a time from key 0 in order
-(triton_kernels.attention): a query's sums run over the same blocks in the same order alone or
-beside other rows and tokens, and blocks past its position are exact no-ops.
+place from its slot, up to its own last query's position, in one fixed chain
+(triton_kernels.py): SPLIT-key splits from key 0, each an online softmax over BLOCK_N-key
+blocks, merged in order. A query's sums run over the same blocks and splits in the same order
+alone or beside other rows and tokens, and those past its position are exact no-ops. Small
+calls run a program per split and merge after, so a one-row decode step keeps the GPU busy;
+large ones a program per query tile; the same bits either way.
 
 `probe` checks that at load on the device itself, per (KV heads, group, head dim, dtype,
 softcap): a query alone equal, bit for bit, to the same query among four tokens of its row with
-rows of other lengths beside it, and every output close to plain softmax attention. Where it
-fails (or triton is missing or does not compile), the log says so and attention keeps
-invariant.attention's padded calls.
+rows of other lengths beside it, in both forms, and every output close to plain softmax
+attention. Where it fails (or triton is missing or does not compile), the log says so and
+attention keeps invariant.attention's padded calls.
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
 
 log = logging.getLogger("specdec")
 
-# The tiling: BLOCK_N is part of the arithmetic (the online softmax's rescales fall at block
-# edges), so fixed; BLOCK_M queries (tokens x group) a program. Chosen, not tuned on a GPU yet.
-BLOCK_M, BLOCK_N = 16, 64
+# The tiling: BLOCK_N and SPLIT are part of the arithmetic (the online softmax's rescales fall at
+# block edges, its merges at split edges), so fixed; BLOCK_M queries (tokens x group) a program.
+# Chosen, not tuned on a GPU yet.
+BLOCK_M, BLOCK_N, SPLIT = 16, 64, 256
 NUM_WARPS, NUM_STAGES = 4, 2
 
 _ready: dict[tuple, bool] = {}
@@ -33,31 +38,56 @@ enabled = True   # False: the padded calls (benchmarks time both)
 
 
 def _build():
-    from .triton_kernels import attention
-    return attention
+    from .triton_kernels import attention, attention_merge
+    return attention, attention_merge
+
+
+@functools.cache
+def _processors(device: torch.device) -> int:
+    """Streaming multiprocessors: a call with fewer programs than this splits its keys."""
+    if device.type != "cuda":
+        return 132   # Triton's interpreter on the CPU: an H100's count
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-           positions: torch.Tensor, window: int, scale: float,
-           softcap: float | None) -> torch.Tensor:
+           positions: torch.Tensor, window: int, scale: float, softcap: float | None,
+           split: bool | None = None) -> torch.Tensor:
     """q [B, T, H, D]; k_cache, v_cache [S, L, KV, D] holding this forward's keys and values;
     slots [B] each row's slot; positions [B, T]. Returns [B, T, H, D]: query (b, t) over keys
-    0..positions[b, t] of slot slots[b] (the last `window` of them where window > 0)."""
+    0..positions[b, t] of slot slots[b] (the last `window` of them where window > 0).
+    split: a program per SPLIT keys, merged after (None: where a program per query tile would
+    leave processors idle); the output is the same either way, bit for bit."""
     global _kernel
     if _kernel is None:
         _kernel = _build()
+    kernel, merge = _kernel
     b, t, h, d = q.shape
     length, kv = k_cache.shape[1], k_cache.shape[2]
     g = h // kv
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
     if b == 0 or t == 0:
         return out
-    grid = (b, kv, -(-(t * g) // BLOCK_M))
-    _kernel[grid](q, k_cache, v_cache, out, slots, positions, t, g, length, window, scale,
-                  softcap or 0.0, *q.stride(), *k_cache.stride(), *v_cache.stride(),
-                  *out.stride(), *positions.stride(), D=d, BM=BLOCK_M, BN=BLOCK_N,
-                  BD=max(16, 1 << (d - 1).bit_length()), CAP=softcap is not None,
-                  num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    tiles, splits = -(-(t * g) // BLOCK_M), -(-length // SPLIT)
+    if split is None:
+        split = splits > 1 and b * kv * tiles < _processors(q.device)
+    bd = max(16, 1 << (d - 1).bit_length())
+    rows = tiles * BLOCK_M
+    if split:   # each (row, KV head)'s split states: [splits, rows] (acc: x bd)
+        part_m = torch.empty(b * kv * splits * rows, dtype=torch.float32, device=q.device)
+        part_l, part_acc = torch.empty_like(part_m), part_m.new_empty(part_m.numel() * bd)
+    else:
+        part_m = part_l = part_acc = out   # not read
+    args = (positions, t, g, length)
+    strides = (*out.stride(), *positions.stride(), splits * rows, rows)
+    kernel[(b, kv, tiles * splits if split else tiles)](
+        q, k_cache, v_cache, out, part_m, part_l, part_acc, slots, *args, window, scale,
+        softcap or 0.0, splits, *q.stride(), *k_cache.stride(), *v_cache.stride(), *strides,
+        D=d, BM=BLOCK_M, BN=BLOCK_N, BD=bd, SPLIT=SPLIT, CAP=softcap is not None,
+        DIRECT=not split, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if split:
+        merge[(b, kv, tiles)](part_m, part_l, part_acc, out, *args, *strides, BM=BLOCK_M,
+                              BD=bd, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS)
     return out
 
 
@@ -120,23 +150,27 @@ def probe(kv: int, g: int, d: int, dtype: torch.dtype, device: torch.device,
 
 def _check(kv: int, g: int, d: int, dtype, device, softcap) -> str | None:
     gen = torch.Generator().manual_seed(0)
-    slots_n, length = 4, 3 * BLOCK_N
+    slots_n, length = 4, 3 * SPLIT
     k_cache = torch.randn(slots_n, length, kv, d, generator=gen).to(device, dtype)
     v_cache = torch.randn(slots_n, length, kv, d, generator=gen).to(device, dtype)
     scale = d ** -0.5
-    # row 0 (slot 2) queries positions 70..73 (past one key block); beside it a short row and
-    # one that ends in the third block
+    # row 0 (slot 2) queries positions across the first split's end; beside it a short row and
+    # one in the third split
+    first = SPLIT - 2
     q = torch.randn(3, 4, kv * g, d, generator=gen).to(device, dtype)
     slots = torch.tensor([2, 0, 3], device=device)
-    positions = torch.tensor([[70, 71, 72, 73], [3, 4, 5, 6], [150, 151, 152, 153]],
-                             device=device)
+    positions = torch.tensor([[first + i for i in range(4)], [3, 4, 5, 6],
+                              [length - 4 + i for i in range(4)]], device=device)
     with torch.inference_mode():
-        together = attend(q, k_cache, v_cache, slots, positions, 0, scale, softcap)
+        together = attend(q, k_cache, v_cache, slots, positions, 0, scale, softcap, split=False)
+        if not torch.equal(together, attend(q, k_cache, v_cache, slots, positions, 0, scale,
+                                            softcap, split=True)):
+            return "split keys give other bits than a program per query tile"
         for i in range(4):
             alone = attend(q[:1, i:i + 1], k_cache, v_cache, slots[:1], positions[:1, i:i + 1],
-                           0, scale, softcap)
+                           0, scale, softcap, split=True)
             if not torch.equal(alone[0, 0], together[0, i]):
-                return f"the query at position {70 + i} differs from itself alone"
+                return f"the query at position {first + i} differs from itself alone"
         ref = reference(q, k_cache, v_cache, slots, positions, 0, scale, softcap)
         err = (together.float() - ref).abs().max().item()
     if not err <= 2 ** -5:   # values ~ N(0, 1), averaged: bf16 rounds at 2^-8 of them

@@ -29,39 +29,40 @@ def gemm(x, w, out, M, N, K, m_tiles, sxm, sxk, swn, swk, som, son,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-# Arguments that change with the call's rows and tokens are not specialized on (triton compiles
-# a variant per value that is 1 or a multiple of 16): every call runs one compiled kernel.
-@triton.jit(do_not_specialize=["T", "window", "sqb", "sob", "spb"])
-def attention(q, k, v, out, slots, positions, T, G, L, window, scale, softcap,
-              sqb, sqt, sqh, sqd, sks, skn, skh, skd, svs, svn, svh, svd,
-              sob, sot, soh, sod, spb, spt,
-              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-              CAP: tl.constexpr):
-    """out [B, T, H, D]: program (b, kv head, m) attends BM of row b's T x G queries of that KV
-    head (query j: token j // G, head kv * G + j % G) over its slot's cached keys, BN keys at a
-    time from key 0 in order, by online softmax in float32. Key blocks past a query's position
-    are masked whole: the running max stays, its rescale is exp(0) = 1 and its weights exact
-    zeros, so the blocks another query of the call needs change nothing for this one."""
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    j = tl.program_id(2) * BM + tl.arange(0, BM)
+# A query's attention is one fixed chain of arithmetic: its keys cut into splits of SPLIT keys
+# from key 0, each split an online softmax over its BN-key blocks from a fresh state, the splits'
+# states merged in order. A call runs the chain in one program per query tile (DIRECT) or, where
+# that leaves the GPU idle (one row's decode step: a program per KV head), one program per tile
+# and split then a merging program per tile: the same operations on the same values either way.
+# Splits and blocks past a query's position are exact no-ops: the running max stays, its rescale
+# is exp(0) = 1 and the empty state's weight exp(-1e30 - max) = 0, so whatever else the call
+# holds changes nothing for a query. The arguments that change with the call's rows and tokens
+# are not specialized on (triton compiles a variant per value that is 1 or a multiple of 16).
+
+
+@triton.jit
+def _tile(positions, b, tile, T, G, L, spb, spt, BM: tl.constexpr):
+    """Query j of a tile: token j // G, head kv * G + j % G of row b. Returns j, whether it is a
+    query of the call, its token, its position (-1 past the call) and the keys the tile sees."""
+    j = tile * BM + tl.arange(0, BM)
     valid = j < T * G
     t = j // G
-    h = kvh * G + j % G
-    d = tl.arange(0, BD)
-    dm = d < D
-    qv = tl.load(q + b * sqb + t[:, None] * sqt + h[:, None] * sqh + d[None, :] * sqd,
-                 mask=valid[:, None] & dm[None, :], other=0.0)                # [BM, BD]
     pos = tl.load(positions + b * spb + t * spt, mask=valid, other=-1)       # [BM]
-    end = tl.minimum(tl.max(pos, 0) + 1, L)   # the keys this program's queries may see
-    slot = tl.load(slots + b)
+    return j, valid, t, pos, tl.minimum(tl.max(pos, 0) + 1, L)
+
+
+@triton.jit
+def _split(qv, k, v, slot, kvh, pos, start, stop, window, scale, softcap,
+           sks, skn, skh, skd, svs, svn, svh, svd, d, dm,
+           BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, CAP: tl.constexpr):
+    """The online softmax of keys start..stop (a split) from a fresh state: (max, sum, acc)."""
     m_i = tl.full((BM,), -1.0e30, tl.float32)   # finite: a fully masked block rescales by 1
     l_i = tl.full((BM,), 0.0, tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     n = tl.arange(0, BN)
-    for n0 in range(0, end, BN):
+    for n0 in range(start, stop, BN):
         keys = n0 + n
-        inside = keys < end
+        inside = keys < stop
         kb = tl.load(k + slot * sks + keys[None, :] * skn + kvh * skh + d[:, None] * skd,
                      mask=dm[:, None] & inside[None, :], other=0.0)             # [BD, BN]
         s = tl.dot(qv, kb) * scale                                              # [BM, BN]
@@ -78,6 +79,89 @@ def attention(q, k, v, out, slots, positions, T, G, L, window, scale, softcap,
                      mask=inside[:, None] & dm[None, :], other=0.0)             # [BN, BD]
         acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None])
         m_i = m_new
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]   # 0: a query past T * G, not stored
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _merge(m, l, acc, ms, ls, accs):
+    """The chain's state (m, l, acc) after the next split's (ms, ls, accs)."""
+    mn = tl.maximum(m, ms)
+    x = tl.exp(m - mn)
+    y = tl.exp(ms - mn)
+    return mn, l * x + ls * y, acc * x[:, None] + accs * y[:, None]
+
+
+@triton.jit
+def _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod):
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]   # 0: a query past T * G, not stored
     tl.store(out + b * sob + t[:, None] * sot + h[:, None] * soh + d[None, :] * sod,
              o.to(out.dtype.element_ty), mask=valid[:, None] & dm[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "window", "splits", "sqb", "sob", "spb"])
+def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L, window,
+              scale, softcap, splits, sqb, sqt, sqh, sqd, sks, skn, skh, skd,
+              svs, svn, svh, svd, sob, sot, soh, sod, spb, spt, spr, sps,
+              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+              SPLIT: tl.constexpr, CAP: tl.constexpr, DIRECT: tl.constexpr):
+    """out [B, T, H, D]: program (b, kv head, i) attends a tile of BM of row b's T x G queries
+    of that KV head over its slot's cached keys. DIRECT: i is the tile, which runs every split
+    and writes out. Else i = tile * splits + split: the split's state goes to part_* ([B x KV,
+    splits, tiles x BM] rows: row strides spr, split strides sps; acc rows of BD floats) for
+    attention_merge; a split past the tile's keys writes nothing."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    if DIRECT:
+        tile = tl.program_id(2)
+    else:
+        tile = tl.program_id(2) // splits
+    j, valid, t, pos, end = _tile(positions, b, tile, T, G, L, spb, spt, BM)
+    h = kvh * G + j % G
+    d = tl.arange(0, BD)
+    dm = d < D
+    slot = tl.load(slots + b)
+    qv = tl.load(q + b * sqb + t[:, None] * sqt + h[:, None] * sqh + d[None, :] * sqd,
+                 mask=valid[:, None] & dm[None, :], other=0.0)                # [BM, BD]
+    if DIRECT:
+        m = tl.full((BM,), -1.0e30, tl.float32)
+        l = tl.full((BM,), 0.0, tl.float32)
+        acc = tl.zeros((BM, BD), dtype=tl.float32)
+        for s0 in range(0, end, SPLIT):
+            ms, ls, accs = _split(qv, k, v, slot, kvh, pos, s0, tl.minimum(s0 + SPLIT, end),
+                                  window, scale, softcap, sks, skn, skh, skd, svs, svn, svh,
+                                  svd, d, dm, BM, BN, BD, CAP)
+            m, l, acc = _merge(m, l, acc, ms, ls, accs)
+        _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)
+    else:
+        s0 = (tl.program_id(2) % splits) * SPLIT
+        if s0 < end:
+            ms, ls, accs = _split(qv, k, v, slot, kvh, pos, s0, tl.minimum(s0 + SPLIT, end),
+                                  window, scale, softcap, sks, skn, skh, skd, svs, svn, svh,
+                                  svd, d, dm, BM, BN, BD, CAP)
+            row = (b * tl.num_programs(1) + kvh) * spr + (s0 // SPLIT) * sps + j
+            tl.store(part_m + row, ms)
+            tl.store(part_l + row, ls)
+            tl.store(part_acc + row[:, None] * BD + d[None, :], accs)
+
+
+@triton.jit(do_not_specialize=["T", "sob", "spb"])
+def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L,
+                    sob, sot, soh, sod, spb, spt, spr, sps,
+                    BM: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    """Program (b, kv head, tile): merges the tile's split states in order into out."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    j, valid, t, pos, end = _tile(positions, b, tl.program_id(2), T, G, L, spb, spt, BM)
+    h = kvh * G + j % G
+    d = tl.arange(0, BD)
+    dm = d < D
+    m = tl.full((BM,), -1.0e30, tl.float32)
+    l = tl.full((BM,), 0.0, tl.float32)
+    acc = tl.zeros((BM, BD), dtype=tl.float32)
+    base = (b * tl.num_programs(1) + kvh) * spr + j
+    for s0 in range(0, end, SPLIT):
+        row = base + (s0 // SPLIT) * sps
+        accs = tl.load(part_acc + row[:, None] * BD + d[None, :])
+        m, l, acc = _merge(m, l, acc, tl.load(part_m + row), tl.load(part_l + row), accs)
+    _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)

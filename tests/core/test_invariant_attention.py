@@ -47,22 +47,85 @@ def test_matches_plain_attention(kv, g, d, window, softcap):
     assert (got - ref).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("window", [0, 70])
-def test_a_querys_output_does_not_depend_on_the_call(window):
-    k, v = cache(2, 32, torch.float16)
+@pytest.mark.parametrize("window,alone_split,together_split", [
+    (0, None, None), (70, None, None), (0, True, False), (300, False, True)])
+def test_a_querys_output_does_not_depend_on_the_call(window, alone_split, together_split):
+    """Six tokens across the first split's end, each alone and all in one call beside a short
+    row and a long one, by a program per tile or per split (None: the call's own choice)."""
+    k, v = cache(2, 32, torch.float16, length=600)
     q = queries(1, 6, 8, 32, torch.float16)
-    positions = torch.arange(90, 96)[None]
+    edge = invariant_attention.SPLIT
+    positions = torch.arange(edge - 3, edge + 3)[None]
     slot = torch.tensor([2])
 
-    def attend(q_, slots, pos):
-        return invariant_attention.attend(q_, k, v, slots, pos, window, 0.2, None)
-    alone = [attend(q[:, i:i + 1], slot, positions[:, i:i + 1])[0, 0] for i in range(6)]
-    # all six tokens of the row at once, beside a short row and a long one
+    def attend(q_, slots, pos, split):
+        return invariant_attention.attend(q_, k, v, slots, pos, window, 0.2, None, split)
+    alone = [attend(q[:, i:i + 1], slot, positions[:, i:i + 1], alone_split)[0, 0]
+             for i in range(6)]
     others = queries(2, 6, 8, 32, torch.float16, seed=7)
     together = attend(torch.cat([others[:1], q, others[1:]]), torch.tensor([0, 2, 3]),
-                      torch.cat([torch.arange(6)[None], positions, torch.arange(180, 186)[None]]))
+                      torch.cat([torch.arange(6)[None], positions, torch.arange(590, 596)[None]]),
+                      together_split)
     for i in range(6):
         assert torch.equal(together[1, i], alone[i]), i
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [
+    (torch.float32, 0, None), (torch.float16, 0, None), (torch.float16, 300, None),
+    (torch.float16, 0, 20.0)])
+def test_split_keys_give_the_same_bits(dtype, window, softcap):
+    """Rows in the first, second and third split of a 700-key cache: a program per split and
+    the merge after equal a program per tile bit for bit, and plain attention closely."""
+    k, v = cache(2, 32, dtype, length=700)
+    q = queries(3, 5, 8, 32, dtype)
+    slots = torch.tensor([1, 3, 0])
+    positions = torch.tensor([[0, 1, 2, 3, 4], [254, 255, 256, 257, 258],
+                              [690, 691, 692, 693, 694]])
+    tiled, split = (invariant_attention.attend(q, k, v, slots, positions, window, 0.2, softcap,
+                                               s) for s in (False, True))
+    assert torch.equal(tiled, split)
+    ref = invariant_attention.reference(q, k, v, slots, positions, window, 0.2, softcap)
+    assert (split.float() - ref).abs().max().item() < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def record_launches(monkeypatch) -> list[tuple[str, tuple]]:
+    """The kernel's launches from here on: ("attention" or "merge", grid) each."""
+    launched = []
+
+    class Recorder:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append((self.name, grid))
+            return self.kernel[grid]
+    kernel, merge = invariant_attention._build()
+    monkeypatch.setattr(invariant_attention, "_kernel",
+                        (Recorder("attention", kernel), Recorder("merge", merge)))
+    return launched
+
+
+def test_small_calls_split_their_keys(monkeypatch):
+    """Where rows x KV heads x query tiles are fewer than the GPU's processors, the call runs a
+    program per split and merges; where they are not, or the cache holds one split, it does
+    not."""
+    launched = record_launches(monkeypatch)
+    monkeypatch.setattr(invariant_attention, "_processors", lambda device: 20)
+    k, v = cache(2, 32, torch.float16, length=600)
+
+    def run(b, t):
+        launched.clear()
+        invariant_attention.attend(queries(b, t, 8, 32, torch.float16), k, v,
+                                   torch.arange(b) % 4, torch.arange(500, 500 + t).expand(b, t),
+                                   0, 0.2, None)
+        return launched[:]
+    assert run(1, 1) == [("attention", (1, 2, 3)), ("merge", (1, 2, 1))]   # 3 splits of 256
+    assert run(4, 9) == [("attention", (4, 2, 3))]   # 4 rows x 2 KV heads x 3 tiles = 24
+    short, _ = cache(2, 32, torch.float16, length=200)
+    launched.clear()
+    invariant_attention.attend(queries(1, 1, 8, 32, torch.float16), short, short,
+                               torch.tensor([0]), torch.tensor([[150]]), 0, 0.2, None)
+    assert launched == [("attention", (1, 2, 1))]
 
 
 def test_no_queries():
@@ -86,17 +149,29 @@ def test_probe_passes_and_is_remembered(monkeypatch):
 def test_a_kernel_that_depends_on_the_call_is_refused(monkeypatch, caplog):
     real = invariant_attention.attend
 
-    def leaky(q, *args):   # every query moved by how many tokens its call holds
-        return real(q, *args) + q.shape[1] * 1e-3
+    def leaky(q, *args, **kw):   # every query moved by how many tokens its call holds
+        return real(q, *args, **kw) + q.shape[1] * 1e-3
     monkeypatch.setattr(invariant_attention, "attend", leaky)
     with caplog.at_level(logging.WARNING, "specdec"):
         assert not invariant_attention.probe(2, 4, 32, torch.float16, CPU)
     assert "differs from itself alone" in caplog.text and "padded" in caplog.text
 
 
+def test_a_split_that_changes_the_bits_is_refused(monkeypatch, caplog):
+    real = invariant_attention.attend
+
+    def split_apart(*args, split=None):   # the split form's merge off by a rounding
+        out = real(*args, split=split)
+        return out * (1 + 2 ** -10) if split else out
+    monkeypatch.setattr(invariant_attention, "attend", split_apart)
+    with caplog.at_level(logging.WARNING, "specdec"):
+        assert not invariant_attention.probe(2, 4, 32, torch.float16, CPU)
+    assert "split keys give other bits" in caplog.text
+
+
 def test_a_wrong_kernel_is_refused(monkeypatch, caplog):
     real = invariant_attention.attend
-    monkeypatch.setattr(invariant_attention, "attend", lambda *a: real(*a) * 1.1)
+    monkeypatch.setattr(invariant_attention, "attend", lambda *a, **kw: real(*a, **kw) * 1.1)
     with caplog.at_level(logging.WARNING, "specdec"):
         assert not invariant_attention.probe(2, 4, 32, torch.float16, CPU)
     assert "against plain attention" in caplog.text
@@ -119,24 +194,28 @@ def test_prepare_probes_only_16_bit_cuda(monkeypatch):
 
 def test_an_engine_on_the_kernel_stays_exact(pair_dir, monkeypatch):
     """The invariant engine with its attention on the kernel (probed here for the CPU, which
-    serving never does), two rows batched: speculative greedy output equals target-only's,
-    and the kernel ran."""
+    serving never does), two rows batched: speculative greedy output equals target-only's, and
+    the kernel ran. With 64-key splits over a 72-token prompt, and processors for two rows'
+    programs but not one's, the calls take both forms as the batch changes."""
+    monkeypatch.setattr(invariant_attention, "SPLIT", 64)
+    monkeypatch.setattr(invariant_attention, "_processors", lambda device: 3)
     target_dir, draft_dir = pair_dir
     model = load_model(str(target_dir), torch.float32, CPU)
     a = model.args
     assert invariant_attention.probe(a.num_kv_heads, a.num_heads // a.num_kv_heads, a.head_dim,
                                      torch.float32, CPU, a.attn_softcap)
-    calls = []
-    real = invariant_attention.attend
-    monkeypatch.setattr(invariant_attention, "attend", lambda *x: calls.append(1) or real(*x))
+    launched = record_launches(monkeypatch)
     target = Engine(model, 8, 96, CPU, batch_invariant=True)
     draft = Engine(load_model(str(draft_dir), torch.float32, CPU), 8, 96, CPU)
-    prompts = [[1, 5, 9, 2], [7, 3]]
+    prompts = [[1, 5, 9, 2] * 18, [7, 3]]
 
     def run(k):
-        return [r[0] for r in generate(target, draft, [Request(p, 10, k) for p in prompts])]
+        return [r[0] for r in generate(target, draft, [Request(p, n, k) for p, n in
+                                                       zip(prompts, (10, 16))])]
     plain = run(0)
-    assert calls and all(len(t) == 10 for t in plain)
+    assert [len(t) for t in plain] == [10, 16]
+    merged = sum(name == "merge" for name, _ in launched)
+    assert 0 < merged < len(launched) - merged   # split calls, and calls by tile
     assert run(3) == plain
 
 
@@ -144,14 +223,17 @@ def test_an_engine_on_the_kernel_stays_exact(pair_dir, monkeypatch):
 @pytest.mark.parametrize("kv,g,d,softcap", [(8, 4, 128, None), (4, 2, 256, 50.0)])
 def test_cuda_kernel_passes_its_probe_at_real_shapes(kv, g, d, softcap):
     """On the GPU, compiled: what a load finds at Llama-3.1-8B's attention and Gemma 2's
-    (head dim 256, softcap) in bfloat16 (a failure here is a fallback when serving)."""
+    (head dim 256, softcap) in bfloat16 (a failure here is a fallback when serving), and both
+    forms giving the same bits across a split's end."""
     cuda = torch.device("cuda")
     assert invariant_attention.probe(kv, g, d, torch.bfloat16, cuda, softcap)
-    k, v = (t.to(cuda, torch.bfloat16) for t in cache(kv, d))
+    k, v = (t.to(cuda, torch.bfloat16) for t in cache(kv, d, length=600))
     q = queries(3, 5, kv * g, d).to(cuda, torch.bfloat16)
     slots, positions = torch.tensor([1, 3, 0], device=cuda), \
-        torch.arange(150, 165, device=cuda).view(3, 5)
+        torch.arange(250, 265, device=cuda).view(3, 5)
     assert invariant_attention.ready(q, k, softcap)
-    got = invariant_attention.attend(q, k, v, slots, positions, 0, d ** -0.5, softcap)
+    tiled, split = (invariant_attention.attend(q, k, v, slots, positions, 0, d ** -0.5, softcap,
+                                               s) for s in (False, True))
+    assert torch.equal(tiled, split)
     ref = invariant_attention.reference(q, k, v, slots, positions, 0, d ** -0.5, softcap)
-    assert (got.float() - ref).abs().max().item() < 2 ** -5
+    assert (tiled.float() - ref).abs().max().item() < 2 ** -5

@@ -24,7 +24,7 @@ from specdec import triton_kernels as tk
 
 UNIT = ("sxk", "swk", "son", "sqd", "skd", "svd", "sod", "spt")
 BY_16 = ("N", "K", "sxm", "swn", "som", "L", "sks", "skn", "skh", "svs", "svn", "svh", "sqt",
-         "sqh", "sot", "soh")
+         "sqh", "sot", "soh", "spr", "sps")
 
 def compiled(fn, sig, consts, cc, **options):
     # As the JIT specializes a call at an 8B model's shapes: unit strides are constants, the
@@ -49,15 +49,24 @@ for cc in (80, 90):
                   **ints("M N K m_tiles sxm sxk swn swk som son", "i32")},
         {"BM": gemm["BM"], "BN": gemm["BN"], "BK": gemm["BK"]}, cc,
         num_warps=gemm["warps"], num_stages=gemm["stages"])
-    for d, cap in ((128, False), (256, True)):   # Llama's head dim; Gemma 2's, capped
-        out[f"attention {cc} {d}"] = compiled(
-            tk.attention, {**{n: "*bf16" for n in ("q", "k", "v", "out")},
+    parts = {n: "*fp32" for n in ("part_m", "part_l", "part_acc")}
+    strides = ints("sob sot soh sod spb spt spr sps", "i64")
+    # Llama's head dim in both forms; Gemma 2's, capped; the split form's merge
+    for d, cap, direct in ((128, False, True), (128, False, False), (256, True, True)):
+        out[f"attention {cc} {d}{'' if direct else ' split'}"] = compiled(
+            tk.attention, {**{n: "*bf16" for n in ("q", "k", "v", "out")}, **parts,
                            "slots": "*i64", "positions": "*i64",
                            **ints("T G L window", "i32"), "scale": "fp32", "softcap": "fp32",
-                           **ints("sqb sqt sqh sqd sks skn skh skd svs svn svh svd "
-                                  "sob sot soh sod spb spt", "i64")},
-            {"D": d, "BM": attention["BM"], "BN": attention["BN"], "BD": d, "CAP": cap}, cc,
+                           "splits": "i32", **ints("sqb sqt sqh sqd sks skn skh skd svs svn svh "
+                                                   "svd", "i64"), **strides},
+            {"D": d, "BM": attention["BM"], "BN": attention["BN"], "BD": d,
+             "SPLIT": attention["SPLIT"], "CAP": cap, "DIRECT": direct}, cc,
             num_warps=attention["warps"], num_stages=attention["stages"])
+    out[f"merge {cc}"] = compiled(
+        tk.attention_merge, {**parts, "out": "*bf16", "positions": "*i64",
+                             **ints("T G L", "i32"), **strides},
+        {"BM": attention["BM"], "BD": 128, "D": 128, "SPLIT": attention["SPLIT"]}, cc,
+        num_warps=attention["warps"])
 print(json.dumps(out))
 """
 
@@ -65,16 +74,19 @@ print(json.dumps(out))
 def test_kernels_compile_for_h100_and_a100(tmp_path):
     g, a = invariant_gemm, invariant_attention
     gemm = dict(BM=g.BLOCK_M, BN=g.BLOCK_N, BK=g.BLOCK_K, warps=g.NUM_WARPS, stages=g.NUM_STAGES)
-    attention = dict(BM=a.BLOCK_M, BN=a.BLOCK_N, warps=a.NUM_WARPS, stages=a.NUM_STAGES)
+    attention = dict(BM=a.BLOCK_M, BN=a.BLOCK_N, SPLIT=a.SPLIT, warps=a.NUM_WARPS,
+                     stages=a.NUM_STAGES)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(gemm), json.dumps(attention)],
                           env={**env, "TRITON_CACHE_DIR": str(tmp_path)}, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     kernels = json.loads(done.stdout.splitlines()[-1])
-    assert len(kernels) == 6
+    assert len(kernels) == 10
     for name, k in kernels.items():
-        # cubin built on tensor cores, loads pipelined through shared memory, within the 99 KB
-        # a block may use on sm_86/89 GPUs
-        assert k["cubin"] > 0 and k["mma"] > 0 and k["cp.async"] > 0, (name, k)
-        assert 0 < k["shared"] <= 99 * 1024, (name, k)
+        # cubin within the 99 KB of shared memory a block may use on sm_86/89 GPUs; the
+        # products on tensor cores, their loads pipelined through shared memory (the merge
+        # has no product: it reads each split's state once)
+        assert k["cubin"] > 0 and 0 <= k["shared"] <= 99 * 1024, (name, k)
+        if not name.startswith("merge"):
+            assert k["mma"] > 0 and k["cp.async"] > 0 and k["shared"] > 0, (name, k)
