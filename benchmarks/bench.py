@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
-    from specdec.serving.settings import EngineSettings
+    from specdec.serving.engine_settings import EngineSettings
 
     started = datetime.datetime.now(datetime.timezone.utc)
     engine = EngineSettings()                 # the server's auto device and dtype

@@ -44,7 +44,8 @@ from specdec.medusa.head import MedusaHead  # noqa: E402
 from specdec.records import Proposer, ProposeCall, VerifyCall  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 from specdec.serving.drafters import attach  # noqa: E402
-from specdec.serving.settings import NO_DRAFT, EngineSettings, InTargetSettings  # noqa: E402
+from specdec.serving.engine_settings import EngineSettings  # noqa: E402
+from specdec.serving.settings import NO_DRAFT, InTargetSettings  # noqa: E402
 from specdec.swift import parse_skip  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
 

@@ -37,7 +37,8 @@ from specdec.ngram import NgramProposer  # noqa: E402
 from specdec.policy import Planner  # noqa: E402
 from specdec.records import IN_TARGET, Proposer, Request  # noqa: E402
 from specdec.serving.drafters import attach  # noqa: E402
-from specdec.serving.settings import EngineSettings, InTargetSettings  # noqa: E402
+from specdec.serving.engine_settings import EngineSettings  # noqa: E402
+from specdec.serving.settings import InTargetSettings  # noqa: E402
 
 DEFAULT = ROOT / "models" / "default"
 

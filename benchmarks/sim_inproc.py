@@ -39,7 +39,7 @@ def _as_served(args, max_sequences: int, max_seq_len: int, margs):
     import torch
 
     from specdec.engine import Engine
-    from specdec.serving.settings import EngineSettings
+    from specdec.serving.engine_settings import EngineSettings
     s = EngineSettings(str(args.target), str(args.target), max_sequences, max_seq_len)
     device, dtype = s.torch_device(), s.torch_dtype()
     if device.type == "cpu":

@@ -139,7 +139,7 @@ def _report(args, results: dict) -> None:
 
 def _device(args) -> str:
     if args.table is None:
-        from specdec.serving.settings import EngineSettings
+        from specdec.serving.engine_settings import EngineSettings
         s = EngineSettings()
         device = s.torch_device()
         if device.type == "cuda":   # beside the server's own line (its log): the same cuDNN?

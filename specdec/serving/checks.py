@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from .adapter import parameters
-from .settings import EngineSettings, OrchestratorSettings, SettingsError
+from .engine_settings import EngineSettings
+from .settings import OrchestratorSettings, SettingsError
 
 STATEFUL = ("draft_model", "target_model")
 SHARED = ("max_seq_len", "max_sequences")   # the orchestrator's must equal the engines'

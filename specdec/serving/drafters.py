@@ -15,8 +15,8 @@ from ..medusa.checkpoint import load_medusa
 from ..medusa.drafting import MedusaDrafter
 from ..records import Proposer
 from ..swift import SkipView, format_skip, parse_skip
-from .settings import (ENV_PREFIX, NO_DRAFT, EngineSettings, InTargetSettings, SettingsError,
-                       model_paths)
+from .engine_settings import EngineSettings
+from .settings import ENV_PREFIX, NO_DRAFT, InTargetSettings, SettingsError, model_paths
 
 
 def attach(engine: Engine, s: EngineSettings, it: InTargetSettings, params: dict,

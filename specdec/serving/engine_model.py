@@ -20,7 +20,8 @@ from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, triton_error
 from .checks import check_one_instance, cuda_line, say
 from .requests import InvalidInput
-from .settings import EngineSettings, InTargetSettings, check_device
+from .engine_settings import EngineSettings, check_device
+from .settings import InTargetSettings
 from .tokenizer import check_draft_tokenizer, in_triton_stub
 
 _COMMON = (names.CALL, names.SAMPLING, names.TOKENS)

@@ -66,7 +66,7 @@ def run(args) -> int:
 
     import torch
 
-    from ..serving.settings import EngineSettings
+    from ..serving.engine_settings import EngineSettings
     from .measure import load_engines, measure
     from ..records import AUTO, Proposer
     from .remote import measure_server

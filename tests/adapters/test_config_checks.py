@@ -11,7 +11,8 @@ from specdec.config import CheckpointError
 from specdec.eagle.checkpoint import check_verifier
 from specdec.serving import checks
 from specdec.serving.engine_model import DraftModel, TargetModel
-from specdec.serving.settings import (DEFAULT_DRAFT, DEFAULT_TARGET, NO_DRAFT, EngineSettings,
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import (DEFAULT_DRAFT, DEFAULT_TARGET, NO_DRAFT,
                                       OrchestratorSettings, SettingsError, model_paths)
 from specdec.serving.tokenizer import TokenizerMismatch, check_draft_tokenizer
 from tests.adapters import fake_pb

@@ -6,7 +6,8 @@ import pytest
 
 from specdec.serving import faults
 from specdec.serving.adapter import triton_error
-from specdec.serving.settings import EngineSettings, SettingsError
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import SettingsError
 from tests.adapters import fake_pb
 
 

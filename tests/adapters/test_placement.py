@@ -11,7 +11,8 @@ from specdec.config import CheckpointError, ModelArgs
 from specdec.kv_cache import KVCache
 from specdec.parallel import Shard, layout, local_args
 from specdec.serving.engine_model import DraftModel
-from specdec.serving.settings import EngineSettings, SettingsError, check_device
+from specdec.serving.engine_settings import EngineSettings, check_device
+from specdec.serving.settings import SettingsError
 from specdec.weights import load_model
 from tests.adapters import fake_pb
 from tests.adapters.conftest import engine_config

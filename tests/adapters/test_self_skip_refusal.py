@@ -5,7 +5,8 @@ import torch
 
 from specdec.engine import Engine
 from specdec.serving.drafters import attach
-from specdec.serving.settings import EngineSettings, InTargetSettings, SettingsError
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import InTargetSettings, SettingsError
 from specdec.weights import load_model
 from tests.core.distill_helpers import DEFAULT_TARGET
 

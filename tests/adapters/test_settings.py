@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from specdec.serving.settings import (DEFAULT_DRAFT, DEFAULT_TARGET, EngineSettings,
-                                      OrchestratorSettings, SettingsError, tokenizer_path)
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import (DEFAULT_DRAFT, DEFAULT_TARGET, OrchestratorSettings,
+                                      SettingsError, tokenizer_path)
 
 
 def params(**values):

@@ -16,7 +16,8 @@ from specdec.policy import Planner
 from specdec.records import Off, Proposer, Request
 from specdec.sampling import SamplingParams
 from specdec.serving.drafters import attach
-from specdec.serving.settings import EngineSettings, InTargetSettings, SettingsError
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import InTargetSettings, SettingsError
 from specdec.swift import SkipView
 from specdec.weights import load_model
 from tests.core.conftest import generate

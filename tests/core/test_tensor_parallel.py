@@ -237,7 +237,8 @@ def test_a_shape_that_does_not_divide_is_refused_before_any_process_starts():
 
 
 def test_settings_give_the_target_one_device_per_rank(monkeypatch):
-    from specdec.serving.settings import EngineSettings, SettingsError
+    from specdec.serving.engine_settings import EngineSettings
+    from specdec.serving.settings import SettingsError
     params = {"model_path": str(TARGET)}
     monkeypatch.setenv("SPECDEC_TARGET_DEVICES", "cuda:0, cuda:1")
     s = EngineSettings.parse(params, "target")

@@ -147,7 +147,7 @@ def env_names_read_by_code(monkeypatch) -> set[str]:
     (draft, target, orchestrator, supervisor, limits, tokenizer, shutdown, the gateway's
     limits: all read through specdec/serving/settings.py) over an empty environment."""
     from specdec.openai.limits import Limits
-    from specdec.serving import settings, shutdown
+    from specdec.serving import engine_settings, settings, shutdown
 
     seen: set[str] = set()
 
@@ -166,7 +166,7 @@ def env_names_read_by_code(monkeypatch) -> set[str]:
 
     monkeypatch.setattr(settings, "os", types.SimpleNamespace(environ=Spy()))
     for role in ("target", "draft"):
-        settings.EngineSettings.parse({}, role)
+        engine_settings.EngineSettings.parse({}, role)
     settings.OrchestratorSettings.parse({})
     settings.SupervisorSettings.parse({})
     settings.RequestLimits.parse({})

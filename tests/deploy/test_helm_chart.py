@@ -426,7 +426,7 @@ def test_gpu_count_feeds_the_tensor_parallel_degree():
     # the draft's device: set only when given, else the code's default (the target's first)
     assert re.search(r"\{\{- with \.Values\.specdec\.draftDevice \}\}\n- name: "
                      r"SPECDEC_DRAFT_DEVICE\n", env)
-    from specdec.serving.settings import EngineSettings
+    from specdec.serving.engine_settings import EngineSettings
     v = values()
     assert v["specdec"]["draftDevice"] == "" == EngineSettings().draft_device
     assert v["specdec"]["tensorParallel"] == 0 and v["specdec"]["targetDevices"] == ""
