@@ -34,7 +34,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
 from specdec.loop import open_policy, speculate  # noqa: E402
 from specdec.ngram import NgramProposer  # noqa: E402
-from specdec.policy import Planner  # noqa: E402
+from specdec.planner import Planner  # noqa: E402
 from specdec.records import IN_TARGET, Proposer, Request  # noqa: E402
 from specdec.serving.drafters import attach  # noqa: E402
 from specdec.serving.engine_settings import EngineSettings  # noqa: E402

@@ -61,7 +61,7 @@ class Local:
         from specdec.config import ModelArgs
         from specdec.local import LocalDrafter, LocalVerifier
         from specdec.ngram import NgramProposer
-        from specdec.policy import Planner
+        from specdec.planner import Planner
         margs = ModelArgs.from_dir(args.target)
         if args.table is None:   # this machine's own device, as the server loads it
             self.target, self.draft = _as_served(args, max_sequences, max_seq_len, margs)

@@ -23,7 +23,8 @@ import time
 from typing import Awaitable, Callable, Protocol
 
 from .ngram import NgramProposer
-from .policy import Choice, Planner, Policy
+from .planner import Planner
+from .policy import Choice, Policy
 from .proposers import (DraftModelProposer, Drafted, Drafter, InTargetProposer, LookupProposer,
                         SequenceProposer)
 from .records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Request, Round,
@@ -40,7 +41,7 @@ class Verifier(Protocol):
 DRAFT_RELEASE_WAIT_S = 0.05
 # What a request's proposer may draft with, in the order a fixed k prefers them. Hybrid drafts
 # with what the server has, of the drafters in the target's process only the first
-# (policy.in_target_of).
+# (planner.in_target_of).
 PROPOSER_SETS = {**{p: (p,) for p in DRAFTING},
                  Proposer.HYBRID: (Proposer.NGRAM, Proposer.EAGLE, Proposer.MEDUSA,
                                    Proposer.DRAFT, Proposer.SELF)}

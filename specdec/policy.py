@@ -8,7 +8,8 @@ verification's growing cost under load lowers k by measurement; at load a row dr
 past the rows' mean k, since the batch costs what its widest row drafts. A proposer that stops
 paying is off (k = 0) for that sequence; probes of one token, ever rarer while they fail, turn it
 back on when the text becomes predictable. A draft model that fails (error, timeout,
-unavailable) is off for the whole server for a backoff period; one probe at a time then tests it.
+unavailable) is off for the whole server for a backoff period; one probe at a time then tests it
+(planner.py: what every sequence shares).
 
 Policies by request:
 - `Fixed`: num_draft_tokens = k, exactly k (0: target only) while the draft is up and no
@@ -22,15 +23,15 @@ Policies by request:
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .estimates import (PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, SEQUENCE_WEIGHT, Acceptance, Costs,
-                        PriorCosts, expected_tokens)
-from .records import DRAFTING, IN_TARGET, Off, Proposer, Round
+from .estimates import PRIOR_ACCEPTANCE, SEQUENCE_WEIGHT, Acceptance, Costs, expected_tokens
+from .records import Off, Proposer, Round
 
-# Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
-_LEVELS = 8
+if TYPE_CHECKING:
+    from .planner import Planner
+
 # Every STRETCH_EVERY-th round that drafts, one token more than the estimates' best: the
 # position beyond is measured now and then, or one unlucky rejection there would keep k below
 # it for as long as the estimate takes to forget.
@@ -42,148 +43,11 @@ STRETCH_EVERY = 8
 PROBE_SHARE = 0.03
 
 
-def _level(active: int) -> int:
-    return min(max(active - 1, 0).bit_length(), _LEVELS - 1)
-
-
 @dataclass(frozen=True)
 class Choice:
     k: int
     reason: Off | None = None   # why k is 0 though drafts were allowed
     proposer: Proposer = Proposer.DRAFT
-
-
-@dataclass(frozen=True)
-class Estimates:
-    acceptance: dict[Proposer, list[float]]   # server-wide, per proposer and position
-    costs: dict[str, float]                   # seconds: draft_call, draft_token, verify_call, ...
-
-
-class Planner:
-    """Server-wide: acceptance seen by all sequences, costs per load level, the draft's health.
-
-    max_k: the largest k any request may use. load_cap: optional operator cap (full_below,
-    off_at) on k by active sequences, as the earlier fixed load policy did; frozen (seeded
-    sampling) requests are exempt, their k must not depend on load.
-    """
-
-    def __init__(self, max_k: int, load_cap: tuple[int, int] | None = None,
-                 prior: PriorCosts = PRIOR, probe_every: int = 4, probe_max: int = 64,
-                 down_s: float = 0.5, down_max_s: float = 10.0, clock=time.monotonic,
-                 proposers: tuple[Proposer, ...] = DRAFTING,
-                 in_target: tuple[Proposer, ...] = IN_TARGET):
-        """proposers: what this server has; a request's set is cut down to them. in_target:
-        those that draft inside the target's verification, a round ahead (in_target.py)."""
-        self.max_k, self.load_cap, self.prior = max_k, load_cap, prior
-        self.proposers, self.in_target = proposers, frozenset(in_target)
-        self.probe_every, self.probe_max = probe_every, probe_max
-        self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
-        self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in DRAFTING}
-        self.mean_k = float(max_k)   # k of the rounds that drafted, all rows (a moving average)
-        # Seconds a probe's proposal took (a moving average per proposer): an off drafter's
-        # cache follows nothing, so its probe first catches up on every token since it was last
-        # used (SWIFT re-reads them through its kept layers).
-        self.probe_s = {p: 0.0 for p in DRAFTING}
-        self.costs = [Costs.prior(prior, self.in_target) for _ in range(_LEVELS)]
-        self.frozen_costs = Costs.prior(prior, self.in_target)
-        self.active = 0
-        # The draft's health: after a failure it is off for every sequence until `down_until`,
-        # then one sequence at a time probes it; the backoff doubles while probes fail.
-        self.failing = False
-        self.down_until = 0.0
-        self.backoff = down_s
-        self.probing = False
-
-    def open(self, num_draft_tokens: int, auto: bool, frozen: bool = False,
-             proposers: tuple[Proposer, ...] = (Proposer.DRAFT,)) -> "Policy":
-        """proposers: what the request may draft with, in the order a fixed k prefers them; of
-        those drafting inside the target's call, only the first (in_target_of)."""
-        proposers = in_target_of(tuple(p for p in proposers if p in self.proposers),
-                                 self.in_target)
-        self.active += 1
-        if not auto:
-            return Fixed(self, proposers, num_draft_tokens, frozen)
-        return Adaptive(self, proposers, min(num_draft_tokens, self.max_k), frozen)
-
-    def close(self, policy: "Policy") -> None:
-        self.active -= 1
-        if policy.probing_draft:   # its probe never came back: let another sequence try
-            self.probing = policy.probing_draft = False
-
-    def server_acceptance(self, proposer: Proposer) -> list[float]:
-        return self.acceptance[proposer].rates(PRIOR_ACCEPTANCE[proposer],
-                                               PRIOR_WEIGHT)
-
-    def estimates(self) -> Estimates:
-        c = self.costs_now()
-        d0, v0 = c.propose_s(Proposer.DRAFT, 0), c.verify(0)
-        d1, v1 = c.propose_s(Proposer.DRAFT, 1) - d0, c.verify(1) - v0
-        return Estimates({p: self.server_acceptance(p) for p in DRAFTING}, {
-            "draft_call": d0, "draft_token": d1, "verify_call": v0, "verify_token": v1,
-            "other": c.other(0)})
-
-    def costs_now(self) -> Costs:
-        """The fit for the current load level, or the nearest level that has data."""
-        level = _level(self.active)
-        for d in range(_LEVELS):
-            for lv in (level - d, level + d):
-                if 0 <= lv < _LEVELS and self.costs[lv].observations >= 3:
-                    return self.costs[lv]
-        return self.costs[level]
-
-    def observe(self, r: Round, policy: "Policy") -> None:
-        """A finished round of one sequence."""
-        if r.failure:
-            if r.proposer == Proposer.DRAFT:
-                self._draft_failed(policy)
-            return
-        if r.k:
-            self.mean_k += 0.02 * (r.k - self.mean_k)
-            if r.proposer == Proposer.DRAFT and (policy.probing_draft or self.failing):
-                self.failing = self.probing = policy.probing_draft = False
-                self.backoff = self.down_s
-            self.acceptance[r.proposer].add(r.k, r.accepted)
-        if r.prefill:
-            return                           # a prompt's prefill is not a steady-state round
-        costs = self.costs[_level(self.active)]
-        # x: what the call's cost grew with, the batch's widest row (Round.batch_k): at
-        # load a row's own k barely moves a batch that others widen, and fitted on it every
-        # row would see more drafts as free while together they slow every round.
-        if r.k and r.draft_fed <= 2:         # a draft catching up on many tokens is a prefill
-            costs.propose[r.proposer].add(r.drafted or r.k, r.draft_s)
-        costs.verify.add(r.k if r.batch_k is None else r.batch_k, r.verify_s)
-        if r.other_s is not None:
-            costs.other.add(0, r.other_s)
-
-    def _draft_failed(self, policy: "Policy") -> None:
-        # Calls already in flight when the draft went down fail too: only the first failure
-        # and a failed probe extend the backoff.
-        if policy.probing_draft or not self.failing:
-            self.down_until = self.clock() + self.backoff
-            self.backoff = min(self.backoff * 2, self.down_max_s)
-        self.failing = True
-        if policy.probing_draft:
-            self.probing = policy.probing_draft = False
-
-    def draft_blocked(self, policy: "Policy") -> bool:
-        """The draft is down, or another sequence is probing it."""
-        return self.failing and (self.clock() < self.down_until
-                                 or (self.probing and not policy.probing_draft))
-
-    def use_draft(self, policy: "Policy") -> None:
-        """policy drafts now; while the draft is failing, that makes it the probe."""
-        if self.failing:
-            self.probing = policy.probing_draft = True
-
-    def capped(self, k: int) -> int:
-        if self.load_cap is None:
-            return k
-        full_below, off_at = self.load_cap
-        if self.active < full_below:
-            return k
-        if self.active >= off_at:
-            return 0
-        return int(k * (off_at - self.active) / (off_at - full_below + 1))
 
 
 class Policy:
@@ -424,12 +288,3 @@ def _best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[in
 
 def best_k(acceptance: list[float], costs: Costs, proposer: Proposer = Proposer.DRAFT) -> int:
     return _best(acceptance, costs, proposer)[0]
-
-
-def in_target_of(proposers: tuple[Proposer, ...], in_target: frozenset[Proposer]
-                 ) -> tuple[Proposer, ...]:
-    """The proposers with only the first of those drafting inside the target's call: one
-    verification drafts for one drafter, and an EAGLE-3 head must catch up on every verification
-    of a sequence it drafts for."""
-    first = next((p for p in proposers if p in in_target), None)
-    return tuple(p for p in proposers if p not in in_target or p == first)

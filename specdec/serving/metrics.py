@@ -27,7 +27,7 @@ FLUSH_EVERY_S = 1.0
 class Metrics:
     def __init__(self, pb, model: str, max_draft_tokens: int, estimates=None,
                  in_target: tuple[Proposer, ...] = IN_TARGET, hosted: bool = False):
-        """estimates: () -> policy.Estimates, the live figures the policy decides on;
+        """estimates: () -> planner.Estimates, the live figures the policy decides on;
         in_target: the proposers drafting inside target_model's call (settings.in_target);
         hosted: the target's engine is in this process (hosted.py): its calls are not BLS
         calls."""

@@ -22,7 +22,7 @@ import numpy as np
 from .. import names
 from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
-from ..policy import Planner
+from ..planner import Planner
 from ..records import Chunk, Finish
 from . import detokenize
 from .adapter import read_inputs, triton_error

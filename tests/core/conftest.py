@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import open_policy, speculate
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.records import Chunk, Request
 from specdec.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint, make_draft

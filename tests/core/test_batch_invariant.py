@@ -21,7 +21,7 @@ from specdec import invariant
 from specdec.engine import Engine
 from specdec.records import Request
 from specdec.ngram import NgramProposer
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.sampling import SamplingParams
 from specdec.weights import load_model
 from tests.core.conftest import generate

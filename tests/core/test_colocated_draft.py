@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec.in_target import ColocatedDraft
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.records import IN_TARGET, Proposer, Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate

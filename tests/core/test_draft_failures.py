@@ -5,7 +5,7 @@ import pytest
 
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import speculate
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.records import Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate

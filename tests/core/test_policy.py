@@ -8,7 +8,8 @@ import random
 import pytest
 
 from specdec.estimates import Costs, LinearFit, PriorCosts, expected_tokens
-from specdec.policy import Choice, Planner, best_k
+from specdec.planner import Planner
+from specdec.policy import Choice, best_k
 from specdec.records import Round
 
 DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005

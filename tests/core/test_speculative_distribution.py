@@ -17,9 +17,10 @@ import torch
 import transformers
 from scipy.stats import chisquare
 
+from specdec.estimates import PriorCosts
 from specdec.local import LocalDrafter
 from specdec.ngram import NgramProposer
-from specdec.policy import Planner, PriorCosts
+from specdec.planner import Planner
 from specdec.records import ProposeCall, Request
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines, generate

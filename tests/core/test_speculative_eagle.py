@@ -13,7 +13,7 @@ from specdec.eagle.head import EagleHead
 from specdec.engine import Engine
 from specdec.graphs import GraphedForward
 from specdec.ngram import NgramProposer
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.records import Request, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.weights import load_model

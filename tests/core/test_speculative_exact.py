@@ -65,7 +65,7 @@ def test_greedy_with_k_chosen_per_round_equals_target_alone(pair_dir, hf_greedy)
 def test_seeded_sampling_with_auto_k_depends_on_its_seed_alone(pair_dir):
     """A seeded sampling request's k schedule comes from its own rounds only (frozen policy):
     the same output alone on a fresh server and among other requests on a seasoned one."""
-    from specdec.policy import Planner
+    from specdec.planner import Planner
     target, draft = engines(pair_dir)
     seeded = [Request(p, 20, 8, SamplingParams(temperature=0.8, seed=40 + i), auto=True,
                       reproducible=True) for i, p in enumerate(prompts(3))]

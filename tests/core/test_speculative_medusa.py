@@ -15,7 +15,7 @@ from specdec.medusa.checkpoint import load_medusa, save_medusa
 from specdec.medusa.config import MedusaArgs
 from specdec.medusa.drafting import MedusaDrafter
 from specdec.medusa.head import MedusaHead
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.records import Proposer, Request
 from specdec.sampling import SamplingParams
 from specdec.serving.drafters import attach

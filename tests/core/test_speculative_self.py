@@ -12,7 +12,7 @@ import torch
 
 from specdec.engine import Engine
 from specdec.in_target import ColocatedDraft
-from specdec.policy import Planner
+from specdec.planner import Planner
 from specdec.records import Off, Proposer, Request
 from specdec.sampling import SamplingParams
 from specdec.serving.drafters import attach
