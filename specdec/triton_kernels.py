@@ -41,14 +41,18 @@ def gemm(x, w, out, M, N, K, m_tiles, sxm, sxk, swn, swk, som, son,
 
 
 @triton.jit
-def _tile(positions, b, tile, T, G, L, spb, spt, BM: tl.constexpr):
+def _tile(positions, b, tile, T, G, L, window, spb, spt, BM: tl.constexpr, BN: tl.constexpr):
     """Query j of a tile: token j // G, head kv * G + j % G of row b. Returns j, whether it is a
-    query of the call, its token, its position (-1 past the call) and the keys the tile sees."""
+    query of the call, its token, its position (-1 past the call) and the keys the tile sees:
+    from lo (a block edge: under a window, the first block its earliest query sees; the blocks
+    before are masked for every query of the tile, so skipping them changes no bit) to end."""
     j = tile * BM + tl.arange(0, BM)
     valid = j < T * G
     t = j // G
     pos = tl.load(positions + b * spb + t * spt, mask=valid, other=-1)       # [BM]
-    return j, valid, t, pos, tl.minimum(tl.max(pos, 0) + 1, L)
+    first = tl.min(tl.where(valid, pos, L), 0)
+    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0) // BN * BN
+    return j, valid, t, pos, lo, tl.minimum(tl.max(pos, 0) + 1, L)
 
 
 @triton.jit
@@ -108,14 +112,14 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
     of that KV head over its slot's cached keys. DIRECT: i is the tile, which runs every split
     and writes out. Else i = tile * splits + split: the split's state goes to part_* ([B x KV,
     splits, tiles x BM] rows: row strides spr, split strides sps; acc rows of BD floats) for
-    attention_merge; a split past the tile's keys writes nothing."""
+    attention_merge; a split outside the tile's keys writes nothing."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     if DIRECT:
         tile = tl.program_id(2)
     else:
         tile = tl.program_id(2) // splits
-    j, valid, t, pos, end = _tile(positions, b, tile, T, G, L, spb, spt, BM)
+    j, valid, t, pos, lo, end = _tile(positions, b, tile, T, G, L, window, spb, spt, BM, BN)
     h = kvh * G + j % G
     d = tl.arange(0, BD)
     dm = d < D
@@ -126,16 +130,18 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
         m = tl.full((BM,), -1.0e30, tl.float32)
         l = tl.full((BM,), 0.0, tl.float32)
         acc = tl.zeros((BM, BD), dtype=tl.float32)
-        for s0 in range(0, end, SPLIT):
-            ms, ls, accs = _split(qv, k, v, slot, kvh, pos, s0, tl.minimum(s0 + SPLIT, end),
+        for s0 in range(lo // SPLIT * SPLIT, end, SPLIT):
+            ms, ls, accs = _split(qv, k, v, slot, kvh, pos, tl.maximum(s0, lo),
+                                  tl.minimum(s0 + SPLIT, end),
                                   window, scale, softcap, sks, skn, skh, skd, svs, svn, svh,
                                   svd, d, dm, BM, BN, BD, CAP)
             m, l, acc = _merge(m, l, acc, ms, ls, accs)
         _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)
     else:
         s0 = (tl.program_id(2) % splits) * SPLIT
-        if s0 < end:
-            ms, ls, accs = _split(qv, k, v, slot, kvh, pos, s0, tl.minimum(s0 + SPLIT, end),
+        if (s0 < end) & (s0 + SPLIT > lo):
+            ms, ls, accs = _split(qv, k, v, slot, kvh, pos, tl.maximum(s0, lo),
+                                  tl.minimum(s0 + SPLIT, end),
                                   window, scale, softcap, sks, skn, skh, skd, svs, svn, svh,
                                   svd, d, dm, BM, BN, BD, CAP)
             row = (b * tl.num_programs(1) + kvh) * spr + (s0 // SPLIT) * sps + j
@@ -144,15 +150,16 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
             tl.store(part_acc + row[:, None] * BD + d[None, :], accs)
 
 
-@triton.jit(do_not_specialize=["T", "sob", "spb"])
-def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L,
+@triton.jit(do_not_specialize=["T", "window", "sob", "spb"])
+def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L, window,
                     sob, sot, soh, sod, spb, spt, spr, sps,
-                    BM: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                     SPLIT: tl.constexpr):
     """Program (b, kv head, tile): merges the tile's split states in order into out."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    j, valid, t, pos, end = _tile(positions, b, tl.program_id(2), T, G, L, spb, spt, BM)
+    j, valid, t, pos, lo, end = _tile(positions, b, tl.program_id(2), T, G, L, window, spb,
+                                      spt, BM, BN)
     h = kvh * G + j % G
     d = tl.arange(0, BD)
     dm = d < D
@@ -160,7 +167,7 @@ def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L,
     l = tl.full((BM,), 0.0, tl.float32)
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     base = (b * tl.num_programs(1) + kvh) * spr + j
-    for s0 in range(0, end, SPLIT):
+    for s0 in range(lo // SPLIT * SPLIT, end, SPLIT):
         row = base + (s0 // SPLIT) * sps
         accs = tl.load(part_acc + row[:, None] * BD + d[None, :])
         m, l, acc = _merge(m, l, acc, tl.load(part_m + row), tl.load(part_l + row), accs)

@@ -1,7 +1,8 @@
 """invariant_attention's Triton kernel, without a GPU in Triton's interpreter (conftest.py): it
 attends like plain softmax attention (causal, windows, softcap, grouped queries, a head dim that
-is no power of two), a query's output does not depend on what else the call holds, the load
-probe refuses what fails, and an engine that uses it keeps speculative greedy output exact."""
+is no power of two), a query's output does not depend on what else the call holds nor on whether
+the call splits its keys, a window's earlier keys are never read, the load probe refuses what
+fails, and an engine that uses it keeps speculative greedy output exact."""
 import logging
 
 import pytest
@@ -12,8 +13,10 @@ pytest.importorskip("triton")
 from specdec import invariant, invariant_attention  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.records import Request  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
 from tests.core.conftest import generate, without_triton  # noqa: E402
+from tests.tiny_checkpoints import make_checkpoint, make_draft  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -37,11 +40,12 @@ def queries(b, t, h, d, dtype=torch.float32, seed=1):
     (2, 4, 32, 0, None), (1, 1, 48, 0, None), (2, 2, 32, 40, None), (2, 4, 32, 0, 20.0)])
 def test_matches_plain_attention(kv, g, d, window, softcap):
     k, v = cache(kv, d)
-    q = queries(3, 5, kv * g, d)
-    slots = torch.tensor([1, 3, 0])
-    # a row within the first key block, one across three, one at the cache's end
+    q = queries(4, 5, kv * g, d)
+    slots = torch.tensor([1, 3, 0, 2])
+    # a row within the first key block, one across three, one at the cache's end, and one
+    # whose first query's window (40) starts at a block's last key
     positions = torch.tensor([[0, 1, 2, 3, 4], [120, 121, 122, 123, 124],
-                              [195, 196, 197, 198, 199]])
+                              [195, 196, 197, 198, 199], [166, 167, 168, 169, 170]])
     got = invariant_attention.attend(q, k, v, slots, positions, window, d ** -0.5, softcap)
     ref = invariant_attention.reference(q, k, v, slots, positions, window, d ** -0.5, softcap)
     assert (got - ref).abs().max().item() < 1e-4
@@ -86,6 +90,22 @@ def test_split_keys_give_the_same_bits(dtype, window, softcap):
     assert torch.equal(tiled, split)
     ref = invariant_attention.reference(q, k, v, slots, positions, window, 0.2, softcap)
     assert (split.float() - ref).abs().max().item() < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_window_reads_no_key_before_it(split):
+    """Under a 250-key window, queries at 590-595 see keys from 341: the blocks before the
+    tile's first (320) are skipped, the whole first split and part of the second. NaN there
+    (which any read would spread through its block's weighted sum) changes no bit."""
+    k, v = cache(2, 32, torch.float16, length=600)
+    q = queries(1, 6, 8, 32, torch.float16)
+    slots, positions = torch.tensor([2]), torch.arange(590, 596)[None]
+    clean = invariant_attention.attend(q, k, v, slots, positions, 250, 0.2, None, split)
+    k[2, :320], v[2, :320] = float("nan"), float("nan")
+    assert torch.equal(invariant_attention.attend(q, k, v, slots, positions, 250, 0.2, None,
+                                                  split), clean)
+    ref = invariant_attention.reference(q, k, v, slots, positions, 250, 0.2, None)
+    assert (clean.float() - ref).abs().max().item() < 2e-3
 
 
 def record_launches(monkeypatch) -> list[tuple[str, tuple]]:
@@ -192,31 +212,39 @@ def test_prepare_probes_only_16_bit_cuda(monkeypatch):
     assert probed == []
 
 
-def test_an_engine_on_the_kernel_stays_exact(pair_dir, monkeypatch):
+def test_an_engine_on_the_kernel_stays_exact(tmp_path, monkeypatch):
     """The invariant engine with its attention on the kernel (probed here for the CPU, which
     serving never does), two rows batched: speculative greedy output equals target-only's, and
-    the kernel ran. With 64-key splits over a 72-token prompt, and processors for two rows'
-    programs but not one's, the calls take both forms as the batch changes."""
+    target-only's equals the plain engine's (SDPA), greedy and by seeded sampling (these random
+    weights' greedy text repeats one token; a sample follows the whole distribution: a kernel
+    ignoring Gemma 2's window changes it). With 64-key splits over a 72-token prompt, and
+    processors for two rows' programs but not one's, the calls take both forms as the batch
+    changes. Gemma 2's shape: grouped queries, capped scores, layer 0 in a window of 8 and
+    layer 1 global."""
     monkeypatch.setattr(invariant_attention, "SPLIT", 64)
     monkeypatch.setattr(invariant_attention, "_processors", lambda device: 3)
-    target_dir, draft_dir = pair_dir
+    target_dir = make_checkpoint(tmp_path / "target", "gemma2")
+    draft_dir = make_draft(target_dir, tmp_path / "draft", noise=0.5)
     model = load_model(str(target_dir), torch.float32, CPU)
     a = model.args
     assert invariant_attention.probe(a.num_kv_heads, a.num_heads // a.num_kv_heads, a.head_dim,
                                      torch.float32, CPU, a.attn_softcap)
+    draft = Engine(load_model(str(draft_dir), torch.float32, CPU), 8, 96, CPU)
+    prompts = [[(i * 37 + 11) % 97 for i in range(72)], [7, 3]]
+
+    def run(target, k, sampling=SamplingParams()):
+        return [r[0] for r in generate(target, draft, [Request(p, n, k, sampling) for p, n in
+                                                       zip(prompts, (10, 16))])]
+    sdpa = Engine(load_model(str(target_dir), torch.float32, CPU), 8, 96, CPU)
+    seeded = SamplingParams(temperature=1.0, seed=11)
+    plain, sampled = run(sdpa, 0), run(sdpa, 0, seeded)
     launched = record_launches(monkeypatch)
     target = Engine(model, 8, 96, CPU, batch_invariant=True)
-    draft = Engine(load_model(str(draft_dir), torch.float32, CPU), 8, 96, CPU)
-    prompts = [[1, 5, 9, 2] * 18, [7, 3]]
-
-    def run(k):
-        return [r[0] for r in generate(target, draft, [Request(p, n, k) for p, n in
-                                                       zip(prompts, (10, 16))])]
-    plain = run(0)
-    assert [len(t) for t in plain] == [10, 16]
+    assert run(target, 0) == plain and [len(t) for t in plain] == [10, 16]
+    assert run(target, 0, seeded) == sampled
     merged = sum(name == "merge" for name, _ in launched)
     assert 0 < merged < len(launched) - merged   # split calls, and calls by tile
-    assert run(3) == plain
+    assert run(target, 3) == plain
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -64,8 +64,9 @@ for cc in (80, 90):
             num_warps=attention["warps"], num_stages=attention["stages"])
     out[f"merge {cc}"] = compiled(
         tk.attention_merge, {**parts, "out": "*bf16", "positions": "*i64",
-                             **ints("T G L", "i32"), **strides},
-        {"BM": attention["BM"], "BD": 128, "D": 128, "SPLIT": attention["SPLIT"]}, cc,
+                             **ints("T G L window", "i32"), **strides},
+        {"BM": attention["BM"], "BN": attention["BN"], "BD": 128, "D": 128,
+         "SPLIT": attention["SPLIT"]}, cc,
         num_warps=attention["warps"])
 print(json.dumps(out))
 """
