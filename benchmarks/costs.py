@@ -2,7 +2,9 @@
 one-token step, its verification of K drafts, the draft model's proposal of K tokens, and the
 part of a verification that drafts the next round in the target's process: an EAGLE-3 head's
 catch-up and K drafts, SWIFT's (the target less `--self-skip`), random Medusa-1 heads'
-(`--medusa-heads`); at several batch sizes, with and without CUDA graphs (on CUDA). Then the
+(`--medusa-heads`); at several batch sizes, with and without CUDA graphs (on CUDA); with
+`--prefill`, one prompt's prefill alone at given lengths (the exact mode's GEMM kernel runs a
+prompt's rows in 16-row tiles, where cuBLAS takes larger ones: its time to first token). Then the
 speedups those costs imply at given acceptance, marked as implied: with random weights
 (benchmarks/make_random_pair.py) acceptance means nothing, the costs are real. In process: a
 server round adds its BLS calls and the orchestrator.
@@ -123,10 +125,13 @@ def target_costs(model, head, medusa, args, device: torch.device, graphs: bool,
     (specdec/invariant.py; served by default in bf16); it stays on the model once set."""
     max_len = args.context + 3 * max(args.ks) + 4
 
-    def engine(**kw) -> Engine:
-        return Engine(model, max(args.batches), max_len, device, cuda_graphs=graphs,
+    def engine(rows=max(args.batches), length=max_len, **kw) -> Engine:
+        return Engine(model, rows, length, device, cuda_graphs=graphs,
                       batch_invariant=invariant, **kw)
     out = _plain(engine(), args, timer)
+    if args.prefill:   # an engine of its own: the others' max_len (graphs' keys) stays
+        out[args.batches[0]]["prefill_ms"] = _prefill(engine(1, max(args.prefill) + 1), args,
+                                                      timer)
     if head is not None:
         try:
             _in_target(engine(head=head), "head", args.ks, args, timer, out)
@@ -156,6 +161,17 @@ def _plain(engine: Engine, args, timer: Timer) -> dict:
         out[b] = {"step_ms": step, "verify_ms": verify,
                   "verify_steps": {k: v / step for k, v in verify.items()}}
         engine.release(rows.ids)
+    return out
+
+
+def _prefill(engine: Engine, args, timer: Timer) -> dict[int, float]:
+    """Ms of one prompt's prefill alone, per length, from position 0 each call."""
+    gen = torch.Generator().manual_seed(args.seed)
+    few, out = Timer(timer.device, 1, min(timer.calls, 5)), {}
+    for n in args.prefill:
+        prompt = torch.randint(1, args.vocab, (n,), generator=gen).tolist()
+        out[n] = few(lambda: engine.verify([VerifyCall(0, 0, prompt, [], None, GREEDY)]))
+        engine.release([0])
     return out
 
 
@@ -275,6 +291,10 @@ def table(results: dict, args) -> str:
                 parts.append(f"head K={k} " + ", ".join(
                     f"L={length}: {v[k]:.2f}x" for length, v in imp["head"].items()))
             lines.append(f"  batch {b}: " + "; ".join(parts))
+        for r in per_b.values():
+            if r.get("prefill_ms"):
+                lines.append("prefill, one prompt alone: " + ", ".join(
+                    f"{n} tokens {ms:.1f} ms" for n, ms in r["prefill_ms"].items()))
     return "\n".join(lines)
 
 
@@ -297,6 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=_ints, default=[1, 4, 16])
     ap.add_argument("--ks", type=_ints, default=list(range(1, 9)), help="drafts per round")
     ap.add_argument("--context", type=int, default=512, help="cached tokens per row")
+    ap.add_argument("--prefill", type=_ints, default=[],
+                    help="prompt lengths whose prefill to time, one prompt alone (the time to "
+                         "first token's compute), e.g. 512,2048")
     ap.add_argument("--graphs", default="auto", choices=("auto", "on", "off", "both"),
                     help="CUDA graphs; auto: both on CUDA, off on the CPU")
     ap.add_argument("--invariant", default="auto", choices=("auto", "on", "off", "both"),

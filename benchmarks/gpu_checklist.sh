@@ -57,7 +57,7 @@ costs)
     stamp "costs"
     skip=${SELF_SKIP:-2,4,6,8,10,12,14,16,18,20,22,24,26,28}
     timeout 200 $py benchmarks/costs.py --pair "$pair" --calls "${CALLS:-10}" --warmup 3 \
-        --graphs "${GRAPHS:-on}" --self-skip "$skip" --medusa-heads 4 \
+        --graphs "${GRAPHS:-on}" --self-skip "$skip" --medusa-heads 4 --prefill 512,2048 \
         --json "$out/costs.json" 2>&1 | tee "$out/costs.md"
     # 1. CUDA correctness: the CUDA-only core tests (captured graphs keep greedy output exact for
     #    the draft, the target and the head; bf16 batch invariance, graphs on and off).
@@ -209,7 +209,8 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
         stamp "costs at batch ${COST_BATCHES:-1,16}"
         timeout -k 10 $(( ${BUDGET_S:-540} - SECONDS )) $py benchmarks/costs.py --pair "$pair" \
             --batches "${COST_BATCHES:-1,16}" --ks 2,4 --graphs on --invariant on --calls 10 \
-            --invariant-kernels "${INVARIANT_KERNELS:-both}" --warmup 3 --json "$out/costs.json" \
+            --invariant-kernels "${INVARIANT_KERNELS:-both}" --warmup 3 --prefill 512,2048 \
+            --json "$out/costs.json" \
             2>&1 | tee "$out/costs.md"
     fi
     for log in /tmp/specdec-bench-*/tritonserver.log; do   # one a server

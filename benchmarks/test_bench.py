@@ -157,7 +157,7 @@ def test_random_head_and_the_costs_script_on_a_scaled_pair(tmp_path, capsys):
 
     out = tmp_path / "costs.json"
     assert costs.main(["--pair", str(pair), "--batches", "1,2", "--ks", "1,3", "--context", "24",
-                       "--calls", "2", "--warmup", "1", "--threads", "1",
+                       "--calls", "2", "--warmup", "1", "--threads", "1", "--prefill", "40,64",
                        "--json", str(out)]) == 0
     runs = json.loads(out.read_text())["runs"]
     assert list(runs) == ["CUDA graphs off"]
@@ -169,8 +169,11 @@ def test_random_head_and_the_costs_script_on_a_scaled_pair(tmp_path, capsys):
         assert {"draft_per_token_steps", "head_per_token_steps"} <= set(r)
         assert set(r["implied"]["draft"]) == {"0.6", "0.7", "0.8"}
         assert set(r["implied"]["head"]) == {"2.5", "3.0", "3.5"}
+    prefill = runs["CUDA graphs off"]["1"]["prefill_ms"]   # longer than the rows' context
+    assert set(prefill) == {"40", "64"} and all(v > 0 for v in prefill.values())
     printed = capsys.readouterr().out
     assert "head: fixed + per token" in printed and "implied (not measured)" in printed
+    assert "prefill, one prompt alone: 40 tokens" in printed
 
 
 def test_costs_times_swift_and_medusa_inside_the_verification(tmp_path, capsys):
