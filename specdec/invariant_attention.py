@@ -80,13 +80,13 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
         part_m = part_l = part_acc = out   # not read
     args = (positions, t, g, length, window)
     strides = (*out.stride(), *positions.stride(), splits * rows, rows)
-    kernel[(b, kv, tiles * splits if split else tiles)](
+    kernel[(tiles * splits if split else tiles, kv, b)](
         q, k_cache, v_cache, out, part_m, part_l, part_acc, slots, *args, scale,
-        softcap or 0.0, splits, *q.stride(), *k_cache.stride(), *v_cache.stride(), *strides,
+        softcap or 0.0, *q.stride(), *k_cache.stride(), *v_cache.stride(), *strides,
         D=d, BM=BLOCK_M, BN=BLOCK_N, BD=bd, SPLIT=SPLIT, CAP=softcap is not None,
         DIRECT=not split, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if split:
-        merge[(b, kv, tiles)](part_m, part_l, part_acc, out, *args, *strides, BM=BLOCK_M,
+        merge[(tiles, kv, b)](part_m, part_l, part_acc, out, *args, *strides, BM=BLOCK_M,
                               BN=BLOCK_N, BD=bd, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS)
     return out
 

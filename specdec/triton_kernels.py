@@ -102,23 +102,25 @@ def _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod):
              o.to(out.dtype.element_ty), mask=valid[:, None] & dm[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "window", "splits", "sqb", "sob", "spb"])
+@triton.jit(do_not_specialize=["T", "window", "sqb", "sob", "spb"])
 def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L, window,
-              scale, softcap, splits, sqb, sqt, sqh, sqd, sks, skn, skh, skd,
+              scale, softcap, sqb, sqt, sqh, sqd, sks, skn, skh, skd,
               svs, svn, svh, svd, sob, sot, soh, sod, spb, spt, spr, sps,
               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
               SPLIT: tl.constexpr, CAP: tl.constexpr, DIRECT: tl.constexpr):
-    """out [B, T, H, D]: program (b, kv head, i) attends a tile of BM of row b's T x G queries
-    of that KV head over its slot's cached keys. DIRECT: i is the tile, which runs every split
-    and writes out. Else i = tile * splits + split: the split's state goes to part_* ([B x KV,
+    """out [B, T, H, D]: program (i, kv head, b) attends a tile of BM of row b's T x G queries
+    of that KV head over its slot's cached keys (a row's tiles are neighbours in launch order,
+    reading the same keys). DIRECT: i is the tile, which runs every split and writes out. Else
+    i = split * tiles + tile: the split's state goes to part_* ([B x KV,
     splits, tiles x BM] rows: row strides spr, split strides sps; acc rows of BD floats) for
     attention_merge; a split outside the tile's keys writes nothing."""
-    b = tl.program_id(0)
+    b = tl.program_id(2)
     kvh = tl.program_id(1)
+    tiles = tl.cdiv(T * G, BM)
     if DIRECT:
-        tile = tl.program_id(2)
+        tile = tl.program_id(0)
     else:
-        tile = tl.program_id(2) // splits
+        tile = tl.program_id(0) % tiles
     j, valid, t, pos, lo, end = _tile(positions, b, tile, T, G, L, window, spb, spt, BM, BN)
     h = kvh * G + j % G
     d = tl.arange(0, BD)
@@ -138,7 +140,7 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
             m, l, acc = _merge(m, l, acc, ms, ls, accs)
         _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)
     else:
-        s0 = (tl.program_id(2) % splits) * SPLIT
+        s0 = (tl.program_id(0) // tiles) * SPLIT
         if (s0 < end) & (s0 + SPLIT > lo):
             ms, ls, accs = _split(qv, k, v, slot, kvh, pos, tl.maximum(s0, lo),
                                   tl.minimum(s0 + SPLIT, end),
@@ -155,10 +157,10 @@ def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L, window,
                     sob, sot, soh, sod, spb, spt, spr, sps,
                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                     SPLIT: tl.constexpr):
-    """Program (b, kv head, tile): merges the tile's split states in order into out."""
-    b = tl.program_id(0)
+    """Program (tile, kv head, b): merges the tile's split states in order into out."""
+    b = tl.program_id(2)
     kvh = tl.program_id(1)
-    j, valid, t, pos, lo, end = _tile(positions, b, tl.program_id(2), T, G, L, window, spb,
+    j, valid, t, pos, lo, end = _tile(positions, b, tl.program_id(0), T, G, L, window, spb,
                                       spt, BM, BN)
     h = kvh * G + j % G
     d = tl.arange(0, BD)

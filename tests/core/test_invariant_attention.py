@@ -139,8 +139,8 @@ def test_small_calls_split_their_keys(monkeypatch):
                                    torch.arange(b) % 4, torch.arange(500, 500 + t).expand(b, t),
                                    0, 0.2, None)
         return launched[:]
-    assert run(1, 1) == [("attention", (1, 2, 3)), ("merge", (1, 2, 1))]   # 3 splits of 256
-    assert run(4, 9) == [("attention", (4, 2, 3))]   # 4 rows x 2 KV heads x 3 tiles = 24
+    assert run(1, 1) == [("attention", (3, 2, 1)), ("merge", (1, 2, 1))]   # 3 splits of 256
+    assert run(4, 9) == [("attention", (3, 2, 4))]   # 3 tiles x 2 KV heads x 4 rows = 24
     short, _ = cache(2, 32, torch.float16, length=200)
     launched.clear()
     invariant_attention.attend(queries(1, 1, 8, 32, torch.float16), short, short,

@@ -57,8 +57,8 @@ for cc in (80, 90):
             tk.attention, {**{n: "*bf16" for n in ("q", "k", "v", "out")}, **parts,
                            "slots": "*i64", "positions": "*i64",
                            **ints("T G L window", "i32"), "scale": "fp32", "softcap": "fp32",
-                           "splits": "i32", **ints("sqb sqt sqh sqd sks skn skh skd svs svn svh "
-                                                   "svd", "i64"), **strides},
+                           **ints("sqb sqt sqh sqd sks skn skh skd svs svn svh svd", "i64"),
+                           **strides},
             {"D": d, "BM": attention["BM"], "BN": attention["BN"], "BD": d,
              "SPLIT": attention["SPLIT"], "CAP": cap, "DIRECT": direct}, cc,
             num_warps=attention["warps"], num_stages=attention["stages"])
