@@ -6,8 +6,9 @@ row counts M in 1..--max-rows at which some row differs from the same row comput
 F.linear, invariant.linear, the CPU's blocked bmm on this device, RMSNorm; and for
 invariant.attention (and the CPU's path, and a variant without padding, here on this device),
 the (end, tokens in the call, rows, masked keys past the end) at which a query's output
-differs from the same query alone. On CUDA also invariant_gemm's Triton kernel. Then the median
-ms of each linear at 8B's shapes, of the attentions at 16 rows x 9 tokens, and of
+differs from the same query alone. On CUDA also invariant_gemm's Triton kernel, in 16-row
+tiles and as served with its wide tiles from 64 rows. Then the median ms of each linear at 8B's
+shapes (M 1 to 2048: steps, verifications, prefills), of the attentions at 16 rows x 9 tokens, and of
 invariant_attention's kernel against the padded calls at 16 rows and at one.
 
     python3 benchmarks/invariance_probe.py --device cuda --json $OUT/invariance.json
@@ -47,7 +48,12 @@ LINEARS = {"F.linear": lambda x, w: F.linear(x, w),
            "16-row bmm": bmm_linear}
 # CUDA: invariant.linear above is its cuBLAS blocks (these weights are not probed), and the
 # Triton kernel that serves where its load probe passes (specdec/invariant_gemm.py).
-CUDA_LINEARS = {"triton GEMM": lambda x, w: invariant_gemm.linear(x, w)}
+# The kernel's 16-row tiles for every M, and as served where the probe passes its wide tiles:
+# 64 x 64 from WIDE_FROM rows (its rows against each row alone in 16-row tiles: do the two
+# tensor-core instructions round alike?).
+CUDA_LINEARS = {"triton GEMM": lambda x, w: invariant_gemm.linear(x, w, False),
+                "triton GEMM wide from 64": lambda x, w: invariant_gemm.linear(
+                    x, w, x.shape[0] >= invariant_gemm.WIDE_FROM)}
 
 
 def differing_rows(fn, x: torch.Tensor, max_rows: int) -> list[int]:
@@ -171,7 +177,9 @@ def main() -> None:
                       f"{len(bad)} of {a.max_rows - 1} row counts differ"
                       + (f" (first {bad[:8]})" if bad else ""), flush=True)
             if model == "8b" and device.type == "cuda":
-                for m in (1, 5, 16, 48, 80, 144):   # 5, 80: a K=4 verification of 1, 16 rows
+                # 5, 80: a K=4 verification of 1 and 16 rows; 512, 2048: prompts' prefills
+                x = torch.randn(2048, n_in, generator=gen).to(device, dtype)
+                for m in (1, 5, 16, 48, 80, 144, 512, 2048):
                     row = dict(shape=[n_in, n_out], m=m)
                     for name, fn in linears.items():
                         row[name] = timed(lambda: fn(x[:m], w), device)

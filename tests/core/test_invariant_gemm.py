@@ -16,8 +16,10 @@ from tests.core.conftest import without_triton  # noqa: E402
 @pytest.fixture(autouse=True)
 def unprobed(monkeypatch):
     monkeypatch.setattr(invariant_gemm, "_ready", {})
+    monkeypatch.setattr(invariant_gemm, "_wide", {})
     if not torch.cuda.is_available():   # the interpreter: fewer calls, one M tile and two
         monkeypatch.setattr(invariant_gemm, "_PROBE_ROWS", (1, 2, 5, 17))
+        monkeypatch.setattr(invariant_gemm, "_WIDE_ROWS", (17,))
 
 
 def weights(n, k, dtype=torch.float16, seed=0):
@@ -46,6 +48,64 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     assert torch.equal(invariant_gemm.linear(x[20:40], w), alone[20:40])
 
 
+def test_wide_tiles_past_every_tile_edge():
+    """64 x 64 tiles over 130 rows and 70 columns (three M tiles, two N tiles, the last of each
+    partial): close to F.linear, and in the interpreter the same bits as 16-row tiles (the same
+    products summed in the same order; on a GPU `probe` checks its own instruction's)."""
+    w = weights(70, 200)
+    x = weights(130, 200, seed=1)
+    wide = invariant_gemm.linear(x, w, True)
+    ref = F.linear(x.float(), w.float())
+    assert (wide.float() - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+    assert torch.equal(wide, invariant_gemm.linear(x, w, False))
+
+
+class Launches:
+    """The GEMM kernel's launches from here on: the tile height (BM) of each."""
+
+    def __init__(self, monkeypatch):
+        self.bm: list[int] = []
+        kernel = invariant_gemm._build()
+
+        def launch(grid):
+            def run(*args, **kw):
+                self.bm.append(kw["BM"])
+                return kernel[grid](*args, **kw)
+            return run
+        monkeypatch.setattr(invariant_gemm, "_kernel", type("K", (), {
+            "__getitem__": lambda _, grid: launch(grid)})())
+
+
+def test_calls_of_many_rows_take_the_wide_tiles_once_probed(monkeypatch):
+    w = weights(64, 128)
+    launches = Launches(monkeypatch)
+    invariant_gemm.linear(weights(80, 128), w)
+    assert launches.bm == [invariant_gemm.BLOCK_M]   # not probed: 16-row tiles
+    assert invariant_gemm.probe(w) and invariant_gemm.probed()["[64, 128] float16 cpu, wide tiles"]
+    launches.bm.clear()
+    for m in (1, invariant_gemm.WIDE_FROM - 1, invariant_gemm.WIDE_FROM, 80):
+        invariant_gemm.linear(weights(m, 128), w)
+    assert launches.bm == [16, 16, 64, 64]
+
+
+def test_wide_tiles_that_change_a_rows_bits_are_refused_alone(monkeypatch, caplog):
+    real = invariant_gemm.linear
+
+    def off_when_wide(x, w, wide=None):   # the wide tiles' products rounded otherwise
+        out = real(x, w, wide)
+        return out * (1 + 2 ** -9) if wide else out
+    monkeypatch.setattr(invariant_gemm, "linear", off_when_wide)
+    w = weights(64, 128)
+    with caplog.at_level(logging.WARNING, "specdec"):
+        assert invariant_gemm.probe(w)   # the 16-row tiles stay
+    assert "in 64 x 64 tiles differ from each row alone" in caplog.text
+    assert "calls of every size use 16-row tiles" in caplog.text
+    monkeypatch.setattr(invariant_gemm, "linear", real)
+    launches = Launches(monkeypatch)
+    invariant_gemm.linear(weights(80, 128), w)
+    assert launches.bm == [16]
+
+
 def test_strided_input_and_weight():
     w = weights(64, 256)
     x = weights(5, 512, seed=1)[:, ::2]        # stride 2 along K
@@ -70,7 +130,7 @@ def test_probe_passes_and_is_remembered(monkeypatch):
 
 def test_a_kernel_whose_rows_depend_on_m_is_refused(monkeypatch, caplog):
     monkeypatch.setattr(invariant_gemm, "linear",
-                        lambda x, w: F.linear(x, w) + x.shape[0] * 1e-3)
+                        lambda x, w, *a: F.linear(x, w) + x.shape[0] * 1e-3)
     w = weights(64, 128)
     with caplog.at_level(logging.WARNING, "specdec"):
         assert not invariant_gemm.probe(w)
@@ -80,7 +140,7 @@ def test_a_kernel_whose_rows_depend_on_m_is_refused(monkeypatch, caplog):
 
 def test_a_wrong_kernel_is_refused(monkeypatch, caplog):
     real = invariant_gemm.linear   # row-invariant, 10 % off
-    monkeypatch.setattr(invariant_gemm, "linear", lambda x, w: real(x, w) * 1.1)
+    monkeypatch.setattr(invariant_gemm, "linear", lambda x, w, *a: real(x, w, *a) * 1.1)
     with caplog.at_level(logging.WARNING, "specdec"):
         assert not invariant_gemm.probe(weights(64, 128))
     assert "against F.linear" in caplog.text
@@ -106,11 +166,14 @@ def test_prepare_probes_only_16_bit_cuda_weights(monkeypatch):
 @pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (32000, 1024)])
 def test_cuda_kernel_passes_its_probe_at_real_shapes(shape):
     """On the GPU, compiled: what a load finds at an 8B model's fused qkv and down projections
-    and a 32k-vocabulary LM head, in bfloat16 (a failure here is a fallback when serving)."""
+    and a 32k-vocabulary LM head, in bfloat16 (a failure here is a fallback when serving), the
+    wide tiles included (the same instruction as the 16-row ones: their rows' bits agree)."""
     w = (torch.randn(*shape, device="cuda") * shape[1] ** -0.5).to(torch.bfloat16)
     assert invariant_gemm.probe(w)
+    assert invariant_gemm.probed()[f"{list(shape)} bfloat16 cuda:0, wide tiles"]
     invariant.prepare(w)
-    x = torch.randn(3, 5, shape[1], device="cuda", dtype=torch.bfloat16)
-    ref = F.linear(x.float(), w.float())
-    got = invariant.linear(x, w, None)   # through the kernel now
-    assert (got.float() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
+    for rows in (5, 80):   # 16-row tiles, wide tiles
+        x = torch.randn(3, rows, shape[1], device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x.float(), w.float())
+        got = invariant.linear(x, w, None)   # through the kernel now
+        assert (got.float() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()

@@ -39,16 +39,21 @@ def compiled(fn, sig, consts, cc, **options):
                             target=GPUTarget("cuda", cc, 32), options=options)
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "cubin": len(kernel.asm.get("cubin", b"")),
-            "cp.async": ptx.count("cp.async"), "mma": ptx.count("mma.sync")}
+            "cp.async": ptx.count("cp.async"), "mma": ptx.count("mma.sync"),
+            "wgmma": ptx.count("wgmma.mma_async"),
+            "instructions": sorted({line.split()[0] for line in ptx.splitlines()
+                                    if "mma.sync" in line or "wgmma.mma_async" in line})}
 
 gemm, attention, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), {}
 ints = lambda names, kind: {n: kind for n in names.split()}
 for cc in (80, 90):
-    out[f"gemm {cc}"] = compiled(
-        tk.gemm, {"x": "*bf16", "w": "*bf16", "out": "*bf16",
-                  **ints("M N K m_tiles sxm sxk swn swk som son", "i32")},
-        {"BM": gemm["BM"], "BN": gemm["BN"], "BK": gemm["BK"]}, cc,
-        num_warps=gemm["warps"], num_stages=gemm["stages"])
+    for tiles in ("", " wide"):
+        bm, bn, warps, stages = (gemm["wide"] if tiles else
+                                 (gemm["BM"], gemm["BN"], gemm["warps"], gemm["stages"]))
+        out[f"gemm {cc}{tiles}"] = compiled(
+            tk.gemm, {"x": "*bf16", "w": "*bf16", "out": "*bf16",
+                      **ints("M N K m_tiles sxm sxk swn swk som son", "i32")},
+            {"BM": bm, "BN": bn, "BK": gemm["BK"]}, cc, num_warps=warps, num_stages=stages)
     parts = {n: "*fp32" for n in ("part_m", "part_l", "part_acc")}
     strides = ints("sob sot soh sod spb spt spr sps", "i64")
     # Llama's head dim in both forms; Gemma 2's, capped; the split form's merge
@@ -74,7 +79,8 @@ print(json.dumps(out))
 
 def test_kernels_compile_for_h100_and_a100(tmp_path):
     g, a = invariant_gemm, invariant_attention
-    gemm = dict(BM=g.BLOCK_M, BN=g.BLOCK_N, BK=g.BLOCK_K, warps=g.NUM_WARPS, stages=g.NUM_STAGES)
+    gemm = dict(BM=g.BLOCK_M, BN=g.BLOCK_N, BK=g.BLOCK_K, warps=g.NUM_WARPS, stages=g.NUM_STAGES,
+                wide=(g.WIDE_M, g.WIDE_N, g.WIDE_WARPS, g.WIDE_STAGES))
     attention = dict(BM=a.BLOCK_M, BN=a.BLOCK_N, SPLIT=a.SPLIT, warps=a.NUM_WARPS,
                      stages=a.NUM_STAGES)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -83,11 +89,17 @@ def test_kernels_compile_for_h100_and_a100(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     kernels = json.loads(done.stdout.splitlines()[-1])
-    assert len(kernels) == 10
+    assert len(kernels) == 12
     for name, k in kernels.items():
         # cubin within the 99 KB of shared memory a block may use on sm_86/89 GPUs; the
         # products on tensor cores, their loads pipelined through shared memory (the merge
         # has no product: it reads each split's state once)
         assert k["cubin"] > 0 and 0 <= k["shared"] <= 99 * 1024, (name, k)
         if not name.startswith("merge"):
-            assert k["mma"] > 0 and k["cp.async"] > 0 and k["shared"] > 0, (name, k)
+            assert k["mma"] + k["wgmma"] > 0 and k["cp.async"] > 0 and k["shared"] > 0, (name, k)
+    # The GEMM's wide tiles run the tensor-core instruction its 16-row tiles do, on Hopper too
+    # (not wgmma): a row's products round alike whichever tiles a call takes
+    for cc in (80, 90):
+        narrow, wide = kernels[f"gemm {cc}"], kernels[f"gemm {cc} wide"]
+        assert narrow["instructions"] == wide["instructions"] == \
+            ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"], (narrow, wide)
