@@ -31,6 +31,10 @@ log = logging.getLogger("specdec")
 # Chosen, not tuned on a GPU yet.
 BLOCK_M, BLOCK_N, SPLIT = 16, 64, 256
 NUM_WARPS, NUM_STAGES = 4, 2
+# The split form's states, for every split of the cache's length (under CUDA graphs which ones a
+# row reaches is not known on the host), at most this many bytes a call: a graph keeps what its
+# capture allocated. Past it the call runs a program per tile (the same bits).
+PART_BYTES = 64 << 20
 
 _ready: dict[tuple, bool] = {}
 _kernel = None
@@ -68,14 +72,14 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
     if b == 0 or t == 0:
         return out
-    tiles, splits = -(-(t * g) // BLOCK_M), -(-length // SPLIT)
+    tiles, splits, rows = -(-(t * g) // BLOCK_M), -(-length // SPLIT), t * g
     if split is None:
-        split = splits > 1 and b * kv * tiles < _processors(q.device)
+        split = (splits > 1 and b * kv * tiles < _processors(q.device)
+                 and b * kv * splits * rows * (d + 2) * 4 <= PART_BYTES)
     bd = max(16, 1 << (d - 1).bit_length())
-    rows = tiles * BLOCK_M
-    if split:   # each (row, KV head)'s split states: [splits, rows] (acc: x bd)
+    if split:   # each (row, KV head)'s split states: [splits, T x G] (acc: x d)
         part_m = torch.empty(b * kv * splits * rows, dtype=torch.float32, device=q.device)
-        part_l, part_acc = torch.empty_like(part_m), part_m.new_empty(part_m.numel() * bd)
+        part_l, part_acc = torch.empty_like(part_m), part_m.new_empty(part_m.numel() * d)
     else:
         part_m = part_l = part_acc = out   # not read
     args = (positions, t, g, length, window)

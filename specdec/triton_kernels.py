@@ -102,7 +102,7 @@ def _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod):
              o.to(out.dtype.element_ty), mask=valid[:, None] & dm[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "window", "sqb", "sob", "spb"])
+@triton.jit(do_not_specialize=["T", "window", "sqb", "sob", "spb", "spr", "sps"])
 def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L, window,
               scale, softcap, sqb, sqt, sqh, sqd, sks, skn, skh, skd,
               svs, svn, svh, svd, sob, sot, soh, sod, spb, spt, spr, sps,
@@ -111,9 +111,9 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
     """out [B, T, H, D]: program (i, kv head, b) attends a tile of BM of row b's T x G queries
     of that KV head over its slot's cached keys (a row's tiles are neighbours in launch order,
     reading the same keys). DIRECT: i is the tile, which runs every split and writes out. Else
-    i = split * tiles + tile: the split's state goes to part_* ([B x KV,
-    splits, tiles x BM] rows: row strides spr, split strides sps; acc rows of BD floats) for
-    attention_merge; a split outside the tile's keys writes nothing."""
+    i = split * tiles + tile: the split's state goes to part_* ([B x KV, splits, T x G] rows:
+    row strides spr, split strides sps; acc rows of D floats) for attention_merge; a split
+    outside the tile's keys writes nothing."""
     b = tl.program_id(2)
     kvh = tl.program_id(1)
     tiles = tl.cdiv(T * G, BM)
@@ -147,12 +147,13 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
                                   window, scale, softcap, sks, skn, skh, skd, svs, svn, svh,
                                   svd, d, dm, BM, BN, BD, CAP)
             row = (b * tl.num_programs(1) + kvh) * spr + (s0 // SPLIT) * sps + j
-            tl.store(part_m + row, ms)
-            tl.store(part_l + row, ls)
-            tl.store(part_acc + row[:, None] * BD + d[None, :], accs)
+            tl.store(part_m + row, ms, mask=valid)
+            tl.store(part_l + row, ls, mask=valid)
+            tl.store(part_acc + row[:, None] * D + d[None, :], accs,
+                     mask=valid[:, None] & dm[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "window", "sob", "spb"])
+@triton.jit(do_not_specialize=["T", "window", "sob", "spb", "spr", "sps"])
 def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L, window,
                     sob, sot, soh, sod, spb, spt, spr, sps,
                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
@@ -171,6 +172,8 @@ def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L, window,
     base = (b * tl.num_programs(1) + kvh) * spr + j
     for s0 in range(lo // SPLIT * SPLIT, end, SPLIT):
         row = base + (s0 // SPLIT) * sps
-        accs = tl.load(part_acc + row[:, None] * BD + d[None, :])
-        m, l, acc = _merge(m, l, acc, tl.load(part_m + row), tl.load(part_l + row), accs)
+        accs = tl.load(part_acc + row[:, None] * D + d[None, :],
+                       mask=valid[:, None] & dm[None, :], other=0.0)
+        m, l, acc = _merge(m, l, acc, tl.load(part_m + row, mask=valid, other=-1.0e30),
+                           tl.load(part_l + row, mask=valid, other=0.0), accs)
     _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)

@@ -74,14 +74,14 @@ def test_a_querys_output_does_not_depend_on_the_call(window, alone_split, togeth
         assert torch.equal(together[1, i], alone[i]), i
 
 
-@pytest.mark.parametrize("dtype,window,softcap", [
-    (torch.float32, 0, None), (torch.float16, 0, None), (torch.float16, 300, None),
-    (torch.float16, 0, 20.0)])
-def test_split_keys_give_the_same_bits(dtype, window, softcap):
+@pytest.mark.parametrize("dtype,window,softcap,d", [
+    (torch.float32, 0, None, 32), (torch.float16, 0, None, 48), (torch.float16, 300, None, 32),
+    (torch.float16, 0, 20.0, 32)])
+def test_split_keys_give_the_same_bits(dtype, window, softcap, d):
     """Rows in the first, second and third split of a 700-key cache: a program per split and
     the merge after equal a program per tile bit for bit, and plain attention closely."""
-    k, v = cache(2, 32, dtype, length=700)
-    q = queries(3, 5, 8, 32, dtype)
+    k, v = cache(2, d, dtype, length=700)
+    q = queries(3, 5, 8, d, dtype)
     slots = torch.tensor([1, 3, 0])
     positions = torch.tensor([[0, 1, 2, 3, 4], [254, 255, 256, 257, 258],
                               [690, 691, 692, 693, 694]])
@@ -127,8 +127,8 @@ def record_launches(monkeypatch) -> list[tuple[str, tuple]]:
 
 def test_small_calls_split_their_keys(monkeypatch):
     """Where rows x KV heads x query tiles are fewer than the GPU's processors, the call runs a
-    program per split and merges; where they are not, or the cache holds one split, it does
-    not."""
+    program per split and merges; where they are not, the cache holds one split, or the
+    splits' states would take more than PART_BYTES, it does not."""
     launched = record_launches(monkeypatch)
     monkeypatch.setattr(invariant_attention, "_processors", lambda device: 20)
     k, v = cache(2, 32, torch.float16, length=600)
@@ -146,6 +146,9 @@ def test_small_calls_split_their_keys(monkeypatch):
     invariant_attention.attend(queries(1, 1, 8, 32, torch.float16), short, short,
                                torch.tensor([0]), torch.tensor([[150]]), 0, 0.2, None)
     assert launched == [("attention", (1, 2, 1))]
+    # splits' states past PART_BYTES (1 row x 2 KV heads x 3 splits x 4 queries x 34 floats)
+    monkeypatch.setattr(invariant_attention, "PART_BYTES", 2 * 3 * 4 * 34 * 4 - 1)
+    assert run(1, 1) == [("attention", (1, 2, 1))]
 
 
 def test_no_queries():

@@ -24,7 +24,7 @@ from specdec import triton_kernels as tk
 
 UNIT = ("sxk", "swk", "son", "sqd", "skd", "svd", "sod", "spt")
 BY_16 = ("N", "K", "sxm", "swn", "som", "L", "sks", "skn", "skh", "svs", "svn", "svh", "sqt",
-         "sqh", "sot", "soh", "spr", "sps")
+         "sqh", "sot", "soh")
 
 def compiled(fn, sig, consts, cc, **options):
     # As the JIT specializes a call at an 8B model's shapes: unit strides are constants, the
