@@ -8,6 +8,10 @@
 #   bash benchmarks/gpu_checklist.sh costs     # items 2, 4 (+ SWIFT, Medusa), 1 at 8B: 8 min
 #   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair, the exact mode's
 #                                              # kernels: 1.5 min (H100) before them
+#   bash benchmarks/gpu_checklist.sh kernels   # for a short lease (15 minutes of device time
+#                                              # in all): the exact mode's kernels at 8B, the
+#                                              # step and prefill with and without them,
+#                                              # exactness at 8B, their timings: about 8 min
 #   bash benchmarks/gpu_checklist.sh distill   # item 5: a head's training at 8B, about 5 minutes
 #   bash benchmarks/gpu_checklist.sh tp        # issue 30: tensor parallelism at 70B's shape,
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
@@ -100,6 +104,31 @@ exact)
     stamp "invariance bisect"
     timeout 90 $py benchmarks/invariance_bisect.py --device cuda --k 2 --json "$out/bisect.json" \
         2>&1 | tee "$out/bisect.md"
+    ;;
+kernels)
+    # What changed since the last GPU run, most valuable first, packed after every step: the
+    # kernels compiled and probed at 8B and Gemma 2 shapes (GEMM 16-row and wide tiles,
+    # attention per tile and split), then at a random 8B / 1B pair the step, verify(K) and a
+    # prompt's prefill plain, exact with the kernels and exact without (the H100's exact step
+    # was 16.7 ms against 9.3 plain before the kernels), exactness at 8B, and each kernel's
+    # ms against cuBLAS and the padded calls (invariance_probe.py).
+    stamp "Triton kernels at real shapes"
+    timeout 150 $py -m pytest -q -p no:cacheprovider tests/core/test_invariant_gemm.py \
+        tests/core/test_invariant_attention.py -k cuda 2>&1 | tee "$out/kernels.log" | tail -6
+    stamp "random pair"
+    timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" \
+        --device "$draw" 2>&1 | tail -2
+    stamp "costs: plain, exact with and without the kernels"
+    timeout 200 $py benchmarks/costs.py --pair "$pair" --batches 1,16 --ks 2,4 --graphs on \
+        --invariant both --invariant-kernels both --prefill 512,2048 --calls 10 --warmup 3 \
+        --json "$out/costs.json" 2>&1 | tee "$out/costs.md"
+    stamp "exactness at 8B shapes"
+    timeout 90 $py benchmarks/exactness.py --device cuda --target "$pair/target" \
+        --draft "$pair/draft" --head none --ks 4 --max-tokens 64 --cost-repeats 0 \
+        --json "$out/exactness-8b.json" 2>&1 | tee "$out/exactness-8b.md"
+    stamp "kernel timings"
+    timeout 150 $py benchmarks/invariance_probe.py --device cuda --json "$out/invariance.json" \
+        2>&1 | tee "$out/invariance.md"
     ;;
 distill)
     # 5. `specdec distill --method eagle3` at an 8B target: seconds per step and the peak GPU
@@ -218,7 +247,7 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
     done
     ;;
 *)
-    echo "usage: $0 costs|exact|distill|tp|served" >&2
+    echo "usage: $0 costs|exact|kernels|distill|tp|served" >&2
     exit 2
     ;;
 esac
