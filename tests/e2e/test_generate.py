@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from specdec_client import GenerationParams, generate, generate_stream, grpc_stream
-from tests.e2e.conftest import heldout_prompts, post, wait_for
+from tests.e2e.conftest import BATCH_INVARIANT, heldout_prompts, launch, post, wait_for
 
 PROMPTS = heldout_prompts(6)
 
@@ -54,10 +54,18 @@ def test_streams_concatenate_to_the_non_streamed_text(server):
         assert streamed.finish_reason == whole.finish_reason
 
 
-@pytest.mark.parametrize("placement", ["server", "target_model_server"])
-def test_concurrent_requests_equal_their_single_request_output(placement, request):
+@pytest.fixture(scope="module", params=["server", "target_model_server"])
+def invariant_placement(request, tmp_path_factory):
+    """(placement, server): hosted (the default) or in target_model, batch-invariant."""
+    env = {**BATCH_INVARIANT, **({"SPECDEC_TARGET_PLACEMENT": "separate"}
+                                 if request.param == "target_model_server" else {})}
+    for server in launch(tmp_path_factory, env):
+        yield request.param, server
+
+
+def test_concurrent_requests_equal_their_single_request_output(invariant_placement):
     """Hosted (the default) and in target_model: the same text, several sequences a forward."""
-    server = request.getfixturevalue(placement)
+    placement, server = invariant_placement
     cases = [(p, greedy(k)) for p, k in zip(PROMPTS, (0, 1, 2, 4, 6, 8))] + [
         (PROMPTS[0], GenerationParams(max_tokens=32, temperature=1.0, seed=5, num_draft_tokens=4)),
         (PROMPTS[2], GenerationParams(max_tokens=32, temperature=0.8, top_k=20, seed=9,
@@ -70,7 +78,8 @@ def test_concurrent_requests_equal_their_single_request_output(placement, reques
     before = batch_counts(server, placement)
     with ThreadPoolExecutor(len(cases)) as pool:
         together = list(pool.map(lambda c: generate(server.http, *c).text, cases))
-    assert together == alone
+    for i, (params, text) in enumerate(zip((c[1] for c in cases), together)):
+        assert text == alone[i], (i, params, text, alone[i])
     rows, executions = (a - b for a, b in zip(batch_counts(server, placement), before))
     assert rows > executions > 0, (rows, executions)
 
