@@ -3,8 +3,8 @@ one-token step, its verification of K drafts, the draft model's proposal of K to
 part of a verification that drafts the next round in the target's process: an EAGLE-3 head's
 catch-up and K drafts, SWIFT's (the target less `--self-skip`), random Medusa-1 heads'
 (`--medusa-heads`); at several batch sizes, with and without CUDA graphs (on CUDA); with
-`--prefill`, one prompt's prefill alone at given lengths (the exact mode's GEMM kernel runs a
-prompt's rows in 16-row tiles, where cuBLAS takes larger ones: its time to first token). Then the
+`--prefill`, one prompt's prefill alone at given lengths (the time to first token's compute;
+the exact mode's kernels tile a prompt otherwise than cuBLAS and flash-attn). Then the
 speedups those costs imply at given acceptance, marked as implied: with random weights
 (benchmarks/make_random_pair.py) acceptance means nothing, the costs are real. In process: a
 server round adds its BLS calls and the orchestrator.

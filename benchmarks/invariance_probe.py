@@ -8,8 +8,8 @@ invariant.attention (and the CPU's path, and a variant without padding, here on 
 the (end, tokens in the call, rows, masked keys past the end) at which a query's output
 differs from the same query alone. On CUDA also invariant_gemm's Triton kernel, in 16-row
 tiles and as served with its wide tiles from 64 rows. Then the median ms of each linear at 8B's
-shapes (M 1 to 2048: steps, verifications, prefills), of the attentions at 16 rows x 9 tokens, and of
-invariant_attention's kernel against the padded calls at 16 rows and at one.
+shapes (M 1 to 2048: steps, verifications, prefills), of the attentions at 16 rows x 9 tokens,
+and of invariant_attention's kernel against the padded calls at 16 rows and at one.
 
     python3 benchmarks/invariance_probe.py --device cuda --json $OUT/invariance.json
 """

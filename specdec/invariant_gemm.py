@@ -13,9 +13,10 @@ rows past M are masked loads. M is not specialized on, so every M runs one compi
 
 `probe` checks that at load on the device itself, for each weight shape: every row of
 _PROBE_ROWS-row calls (and of _WIDE_ROWS-row calls in wide tiles) equal to the same row alone,
-bit for bit, and the result close to F.linear's. A weight whose probe fails (or where triton is missing or does not compile) keeps
-the cuBLAS blocks, and the log says so. The CPU tests run the kernel in Triton's interpreter
-(TRITON_INTERPRET=1), which checks its indexing and masking, not a GPU's arithmetic.
+bit for bit, and the result close to F.linear's. A weight whose probe fails (or where triton is
+missing or does not compile) keeps the cuBLAS blocks, and the log says so. The CPU tests run
+the kernel in Triton's interpreter (TRITON_INTERPRET=1), which checks its indexing and masking,
+not a GPU's arithmetic.
 """
 from __future__ import annotations
 

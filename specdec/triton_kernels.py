@@ -116,11 +116,10 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
     outside the tile's keys writes nothing."""
     b = tl.program_id(2)
     kvh = tl.program_id(1)
-    tiles = tl.cdiv(T * G, BM)
     if DIRECT:
         tile = tl.program_id(0)
     else:
-        tile = tl.program_id(0) % tiles
+        tile = tl.program_id(0) % tl.cdiv(T * G, BM)
     j, valid, t, pos, lo, end = _tile(positions, b, tile, T, G, L, window, spb, spt, BM, BN)
     h = kvh * G + j % G
     d = tl.arange(0, BD)
@@ -140,7 +139,7 @@ def attention(q, k, v, out, part_m, part_l, part_acc, slots, positions, T, G, L,
             m, l, acc = _merge(m, l, acc, ms, ls, accs)
         _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)
     else:
-        s0 = (tl.program_id(0) // tiles) * SPLIT
+        s0 = (tl.program_id(0) // tl.cdiv(T * G, BM)) * SPLIT
         if (s0 < end) & (s0 + SPLIT > lo):
             ms, ls, accs = _split(qv, k, v, slot, kvh, pos, tl.maximum(s0, lo),
                                   tl.minimum(s0 + SPLIT, end),

@@ -1,5 +1,6 @@
 import asyncio
 import os
+from typing import Callable
 
 import pytest
 import torch
@@ -76,6 +77,19 @@ def generate(target: Engine, draft: Engine | None, requests: list[Request],
         return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
 
     return asyncio.run(run())
+
+
+class Recording:
+    """A Triton kernel whose launches call record(grid, its keyword arguments) first."""
+
+    def __init__(self, kernel, record: Callable[[tuple, dict], None]):
+        self.kernel, self.record = kernel, record
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.record(grid, kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
 def without_triton(module, monkeypatch) -> None:

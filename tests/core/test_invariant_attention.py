@@ -15,7 +15,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.records import Request  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 from specdec.weights import load_model  # noqa: E402
-from tests.core.conftest import generate, without_triton  # noqa: E402
+from tests.core.conftest import Recording, generate, without_triton  # noqa: E402
 from tests.tiny_checkpoints import make_checkpoint, make_draft  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -111,17 +111,10 @@ def test_a_window_reads_no_key_before_it(split):
 def record_launches(monkeypatch) -> list[tuple[str, tuple]]:
     """The kernel's launches from here on: ("attention" or "merge", grid) each."""
     launched = []
-
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launched.append((self.name, grid))
-            return self.kernel[grid]
-    kernel, merge = invariant_attention._build()
-    monkeypatch.setattr(invariant_attention, "_kernel",
-                        (Recorder("attention", kernel), Recorder("merge", merge)))
+    kernels = invariant_attention._build()
+    monkeypatch.setattr(invariant_attention, "_kernel", tuple(
+        Recording(k, lambda grid, kw, name=name: launched.append((name, grid)))
+        for k, name in zip(kernels, ("attention", "merge"))))
     return launched
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from specdec import invariant, invariant_gemm  # noqa: E402
-from tests.core.conftest import without_triton  # noqa: E402
+from tests.core.conftest import Recording, without_triton  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -65,15 +65,8 @@ class Launches:
 
     def __init__(self, monkeypatch):
         self.bm: list[int] = []
-        kernel = invariant_gemm._build()
-
-        def launch(grid):
-            def run(*args, **kw):
-                self.bm.append(kw["BM"])
-                return kernel[grid](*args, **kw)
-            return run
-        monkeypatch.setattr(invariant_gemm, "_kernel", type("K", (), {
-            "__getitem__": lambda _, grid: launch(grid)})())
+        monkeypatch.setattr(invariant_gemm, "_kernel", Recording(
+            invariant_gemm._build(), lambda grid, kw: self.bm.append(kw["BM"])))
 
 
 def test_calls_of_many_rows_take_the_wide_tiles_once_probed(monkeypatch):
