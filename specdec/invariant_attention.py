@@ -96,6 +96,9 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
 
 
 def _key(device, dtype, kv: int, g: int, d: int, softcap: float | None) -> tuple:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:   # "cuda" probed, "cuda:0" asked
+        device = torch.device("cuda", torch.cuda.current_device())
     return (str(device), dtype, kv, g, d, softcap)
 
 
