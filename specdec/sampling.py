@@ -20,6 +20,7 @@ from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**27, so a 32-bit value times it stays inside int64
+_BELOW_ONE = 1.0 - 2.0 ** -24   # float32's largest value below 1
 
 # Purposes: independent streams at one position.
 DRAFT = 1      # the draft's proposal
@@ -66,7 +67,11 @@ def uniforms(s: BatchSampling, positions: torch.Tensor, purpose: int, n: int = 1
     h = _mix(_mix(h ^ purpose) ^ (positions & _MASK32))       # [B, P]
     idx = torch.arange(n, device=positions.device)
     h = _mix(_mix(h[..., None] ^ idx))                        # [B, P, n]
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # The top hash, 2**24 - 0.5, rounds to 2**24 in float32: u = 1, -log(u) = -0 and the race's
+    # p / E is NaN where p = 0, which argmax takes (a token of probability 0, greedy rows too).
+    # Every other u stays as it was.
+    return u.clamp_(max=_BELOW_ONE)
 
 
 def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:

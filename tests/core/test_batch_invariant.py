@@ -22,7 +22,7 @@ from specdec.engine import Engine
 from specdec.records import Request
 from specdec.ngram import NgramProposer
 from specdec.planner import Planner
-from specdec.sampling import SamplingParams
+from specdec.sampling import RESAMPLE, BatchSampling, SamplingParams, uniforms
 from specdec.weights import load_model
 from tests.core.conftest import generate
 
@@ -126,6 +126,27 @@ def test_head_and_hybrid(checkpoint, reference, proposer, max_k, tokens):
     assert sum(r[1].total_draft_tokens for r in results) > 0
     drafted = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("ngram", "draft")}
     assert proposer != "hybrid" or min(drafted.values()) > 0, drafted
+
+
+def test_a_greedy_request_beside_a_sampled_one_keeps_its_text(checkpoint, reference):
+    """The race draws for every row of a batch that holds a sampled row, greedy rows too: a
+    greedy request whose seed meets the largest hash at one of its positions emitted a token of
+    probability 0 there (sampling.uniforms gave 1.0; tests/core/test_sampling.py), where the
+    server gives every unseeded request a random seed. The seed is found, not hard-coded."""
+    prompt, beside = prompts()[1], prompts()[2]
+    positions = torch.arange(len(prompt), len(prompt) + MAX_TOKENS)[None]
+    engine = target(checkpoint)
+
+    def meets_the_top(seed: int) -> bool:
+        s = BatchSampling.stack([SamplingParams(seed=seed)], CPU)
+        return bool((uniforms(s, positions, RESAMPLE, engine.vocab_size) >= 1 - 2**-24).any())
+    seed = next(s for s in range(1000) if meets_the_top(s))
+    reqs = [Request(prompt, MAX_TOKENS, 0, SamplingParams(seed=seed), proposer="ngram"),
+            Request(beside, MAX_TOKENS, 0, SamplingParams(temperature=1.0, seed=1),
+                    proposer="ngram")]
+    results = generate(engine, None, reqs, ngram=NgramProposer())
+    assert results[1][1].num_output_tokens == MAX_TOKENS   # beside it every round
+    assert results[0][0] == reference[1]
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(checkpoint):
