@@ -88,8 +88,9 @@ def _ready(http: str) -> bool:
 REFERENCE_NUMERICS = {"SPECDEC_DEVICE": "cpu", "SPECDEC_DTYPE": "float32"}
 # float32 leaves the batch-invariant arithmetic off by default (docs/exactness.md): a request's
 # greedy text then equals its text alone only while no near-tie falls where batching moves a
-# matmul's low bits (one CI run in about ten met one). Servers whose tests compare concurrent
-# requests with the same requests alone turn it on: the product guarantees the equality there.
+# matmul's low bits. Servers whose tests compare concurrent requests with the same requests
+# alone turn it on: the product guarantees the equality there. (The CI runs, about one in ten,
+# that saw batched greedy text differ were the sampling defect fixed 2026-11-27, not this.)
 BATCH_INVARIANT = {"SPECDEC_BATCH_INVARIANT": "on"}
 
 
