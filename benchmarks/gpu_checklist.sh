@@ -17,7 +17,10 @@
 #                                              # degrees 1/2/4 (on a node with 4 GPUs)
 #   bash benchmarks/gpu_checklist.sh served    # item 3: in process against a real tritonserver
 #                                              # at 8B shapes, both placements: 6-7 min (H200)
-#                                              # (PLACEMENTS=auto: the default alone; COSTS_S=90:
+#                                              # (PLACEMENTS=auto: the default alone;
+#                                              # MAX_TOKENS=256: requests long enough that their
+#                                              # staggered starts and ends weigh little at 16
+#                                              # streams; COSTS_S=90:
 #                                              # costs.py's step at batch 1 and 16 after it, with
 #                                              # the exact mode's Triton kernels and without)
 #
@@ -230,8 +233,8 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
         --table none --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
         --placements "${PLACEMENTS:-auto,target}" "${spy[@]}" \
         --servers-in-turn --streams "${STREAMS:-1,16}" \
-        --proposers "${PROPOSERS:-none,draft,eagle}" --modes greedy --prompts 6 \
-        --max-tokens 48 --warmup 2 --out "$dest/served.json" 2>&1 \
+        --proposers "${PROPOSERS:-none,draft,eagle}" --modes greedy --prompts "${PROMPTS:-6}" \
+        --max-tokens "${MAX_TOKENS:-48}" --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"
     [ ${#spy[@]} -gt 0 ] && $py benchmarks/pyspy.py "$out/py-spy" > "$out/py-spy.md" 2>&1
     if [ "$costs_s" -gt 0 ]; then
