@@ -96,9 +96,6 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
 
 
 def _key(device, dtype, kv: int, g: int, d: int, softcap: float | None) -> tuple:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:   # "cuda" probed, "cuda:0" asked
-        device = torch.device("cuda", torch.cuda.current_device())
     return (str(device), dtype, kv, g, d, softcap)
 
 
@@ -140,6 +137,9 @@ def probe(kv: int, g: int, d: int, dtype: torch.dtype, device: torch.device,
           softcap: float | None = None) -> bool:
     """At load, before any CUDA graph is captured: whether the kernel attends row-invariantly
     and close to plain attention at this shape on this device (cached; logs why not, once)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:   # `ready` asks with a tensor's cuda:N
+        device = torch.device("cuda", torch.cuda.current_device())
     key = _key(device, dtype, kv, g, d, softcap)
     if key in _ready:
         return _ready[key]
