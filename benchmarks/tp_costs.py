@@ -107,6 +107,11 @@ def _rank(rank: int, world: int, port: int, opts: dict, out: str) -> None:
             engine.release(rows.ids)
         if rank == 0:
             Path(out).write_text(json.dumps(results))
+        if tp is not None:
+            # Every rank leaves together: a rank that tore its group down while rank 0 still
+            # wrote the result aborted once in CI under load ("terminate called without an
+            # active exception", SIGABRT in rank 1).
+            torch.distributed.barrier()
     finally:
         parallel.close()
 
