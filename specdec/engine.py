@@ -260,6 +260,7 @@ class Engine:
         ends = [c.start + len(c.tokens) + verdicts[b].num_accepted for b, c in zip(rows, sub)]
         # Never past the slot: the loop's next limit is below max_len - (end + 1) anyway.
         ks = [max(0, min(c.next_k, self.max_len - e - 1)) for c, e in zip(sub, ends)]
+        fed = max((drafter.behind(c.seq_id) for c, k in zip(sub, ks) if k), default=0)
         params = [c.sampling for c in sub]
         try:
             fault = self.drafter_fault() if self.drafter_fault else None
@@ -277,6 +278,7 @@ class Engine:
         for j, (b, c, tokens) in enumerate(zip(rows, sub, proposals)):
             v = verdicts[b]
             v.proposal, v.draft_s, v.failure, v.steps = tokens, seconds, failure, max(ks)
+            v.fed = fed
             row_q = None if q is None else q[j]
             if row_q is not None and tokens and not c.sampling.greedy:
                 self.q[c.seq_id] = row_q[: len(tokens)]

@@ -46,6 +46,11 @@ class InTargetDrafter:
         """Every verified row, drafting or not: `tokens` are committed from position `start`
         on (the call's tokens, the accepted drafts, the target's own)."""
 
+    def behind(self, seq_id: int) -> int:
+        """Committed tokens it reads before drafting for seq_id now (after committed()): none
+        for a head, which reads every verification's."""
+        return 0
+
     def draft(self, v: Verified) -> tuple[list[list[int]], Sequence[torch.Tensor | None] | None]:
         """Each row's drafted target ids ([] where it drafts none) and, when any row samples,
         each row's q [>= k_b, V] (a [B, K, V] tensor will do; a greedy row's is unused)."""
@@ -84,6 +89,10 @@ class ColocatedDraft(InTargetDrafter):
                 ok += 1
             self.held[seq_id] = n + ok
         self.held[seq_id] = min(self.held.get(seq_id, 0), len(h) - 1)
+
+    def behind(self, seq_id: int) -> int:
+        h = self.history.get(seq_id)
+        return len(h) - self.held.get(seq_id, 0) if h else 0
 
     def draft(self, v: Verified) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         out: list[list[int]] = [[] for _ in v.seq_ids]

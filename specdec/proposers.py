@@ -126,7 +126,7 @@ class InTargetProposer(SequenceProposer):
         self.kind, self.policy = kind, policy
         self.pending: list[int] = []   # its proposal for this round
         self.pending_s = 0.0           # and the seconds it took
-        self.fed = 0                   # committed tokens that verification caught it up on
+        self.fed = 0                   # committed tokens it or the target caught up on
         self.steps = 0                 # its steps over the batch that drafted it
 
     def offer(self, committed: list[int], limit: int) -> int:
@@ -139,7 +139,7 @@ class InTargetProposer(SequenceProposer):
 
     def observe(self, n: int, k: int, verdict: Verdict, target_fed: int) -> None:
         self.pending, self.pending_s = verdict.proposal or [], verdict.draft_s
-        self.fed, self.steps = target_fed, verdict.steps
+        self.fed, self.steps = max(target_fed, verdict.fed), verdict.steps
 
     def next_k(self, limit: int) -> int | None:
         return self.policy.lookahead(limit)

@@ -133,6 +133,9 @@ class Verdict:
     # more): the most drafts a row of this verification carried, and the drafter's steps.
     batch_k: int = 0
     steps: int = 0
+    # Committed tokens the drafter read before drafting (the batch's most): a draft model that
+    # sat out rounds catches up on them, and that proposal then cost a prefill, not a step.
+    fed: int = 0
 
 
 @dataclass(frozen=True)

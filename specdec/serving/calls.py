@@ -26,8 +26,9 @@ padded with 0: status (0: verified; 1: this call failed; 2: it failed and a retr
 then the message's length in bytes and its UTF-8 bytes), then for a verified call the number
 of drafts accepted m, the in-target drafter's time in microseconds, 1 if it failed, the most
 drafts a row of the verification's batch carried, the drafter's steps over its batch, the
-number k' of the drafter's drafts for the next round, the m accepted drafts and the target's
-own token, and the k' drafts. The draft answers draft_tokens [k] and, when asked, draft_probs.
+committed tokens it caught up on before drafting (its batch's most), the number k' of the
+drafter's drafts for the next round, the m accepted drafts and the target's own token, and the
+k' drafts. The draft answers draft_tokens [k] and, when asked, draft_probs.
 Unsigned 64-bit values travel as the int64 with the same bits.
 """
 from __future__ import annotations
@@ -158,7 +159,7 @@ def verdict_output(rows: list[Verdict | tuple[str, bool]]) -> np.ndarray:
         if isinstance(v, Verdict):
             proposal = v.proposal or []
             encoded.append([_OK, v.num_accepted, round(v.draft_s * 1e6), v.failure is not None,
-                            v.batch_k, v.steps, len(proposal), *v.tokens, *proposal])
+                            v.batch_k, v.steps, v.fed, len(proposal), *v.tokens, *proposal])
         else:
             message, retryable = v
             data = message.encode()
@@ -177,8 +178,8 @@ def verdicts(output: np.ndarray) -> list[Verdict | SlotError]:
             message = bytes(values[2:2 + values[1]]).decode(errors="replace")
             out.append(SlotError(message, unavailable=values[0] == _RETRYABLE))
             continue
-        m, micros, failed, batch_k, steps, n_next = values[1:7]
-        end = 7 + m + 1
-        out.append(Verdict(values[7:end], m, values[end:end + n_next] or None, micros / 1e6,
-                           Failure.ERROR if failed else None, batch_k, steps))
+        m, micros, failed, batch_k, steps, fed, n_next = values[1:8]
+        end = 8 + m + 1
+        out.append(Verdict(values[8:end], m, values[end:end + n_next] or None, micros / 1e6,
+                           Failure.ERROR if failed else None, batch_k, steps, fed))
     return out

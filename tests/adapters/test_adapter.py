@@ -137,7 +137,7 @@ def test_a_round_travels_as_one_request_of_rows():
            ("target_model: sequence 3 is not open ✗", False),
            Verdict([3], 0, None, 0.5, Failure.ERROR),            # the drafter failed
            ("no free KV slot", True),
-           Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5)]   # the batch's width
+           Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5, fed=40)]   # a catch-up
     output = calls.verdict_output(out)
     fake_pb.ModelConfig("target_model").check_outputs([fake_pb.Tensor(names.VERDICT, output)])
     back = calls.verdicts(output)

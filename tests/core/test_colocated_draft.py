@@ -117,3 +117,28 @@ def test_the_draft_catches_up_after_rounds_it_did_not_draft(pair_dir):
     used = {r.proposer for r in rounds if r.k}
     assert {Proposer.NGRAM, DRAFT} <= used, used
     assert torch.is_grad_enabled()   # the engine's inference mode stayed inside it
+
+
+def test_a_verdict_says_what_the_draft_caught_up_on(pair_dir):
+    """A draft that sat out rounds reads every token committed since before it drafts: its
+    proposal cost a prefill, and the policy must not fit a draft step's cost on it
+    (Planner.observe skips a round whose draft_fed is more than two)."""
+    from specdec.records import VerifyCall
+    target, _ = colocated(pair_dir)
+    prompt, greedy = prompts()[0], SamplingParams()
+    target.pool.open(1, 0)
+
+    def verify(start, tokens, drafts, next_k):
+        return target.verify([VerifyCall(1, start, tokens, drafts, None, greedy, next_k,
+                                         bool(drafts), DRAFT)])[0]
+
+    v = verify(0, prompt, [], 0)   # the prefill; the draft sits out two rounds
+    committed = prompt + v.tokens
+    v = verify(len(prompt), v.tokens, [], 0)
+    assert v.fed == 0 and not v.proposal
+    committed += v.tokens
+    v = verify(len(committed) - 1, v.tokens, [], 2)
+    committed += v.tokens
+    assert len(v.proposal) == 2 and v.fed == len(committed)   # it read the whole sequence
+    v = verify(len(committed) - 1, v.tokens, v.proposal, 2)
+    assert len(v.proposal) == 2 and 1 <= v.fed <= 2 + 1        # its own drafts, as accepted
