@@ -57,9 +57,12 @@ def test_linear_fit_recovers_a_line_and_keeps_the_prior_shape_without_spread():
     a, b = fit.coef
     assert a == pytest.approx(0.004, rel=0.05) and b == pytest.approx(0.0007, rel=0.05)
     one_x = LinearFit(prior=(2.0, 1.0))        # only x = 4 seen: the prior's 2:1 shape, scaled
+    assert one_x(4) == 6.0                     # read (and kept) before any data
     for _ in range(50):
         one_x.add(4, 0.012)
     assert one_x(4) == pytest.approx(0.012) and one_x.coef[0] == pytest.approx(2 * one_x.coef[1])
+    one_x.add(0, 0.0)                          # every observation moves the fit it gives
+    assert one_x(4) < 0.012
 
 
 def test_best_k_follows_acceptance_and_cost():
