@@ -52,19 +52,31 @@ def _as_served(args, max_sequences: int, max_seq_len: int, margs):
             Engine.load(str(args.draft), max_sequences, max_seq_len, dtype, device, **common))
 
 
+def colocated(args) -> bool:
+    """The draft drafts inside the target's call in process, as the served default places it,
+    unless every served placement keeps it apart (separate, or a device of its own)."""
+    return not args.own_draft_device and any(p != "separate" for p in args.placement_list)
+
+
 class Local:
     """Target (with the head) and draft engines padded to the table, or with no table
-    (--table none) unpadded on the machine's own device, as the server loads them."""
+    (--table none) unpadded on the machine's own device, as the server loads them; the draft
+    in the target's call where the served side places it there (colocated), else apart."""
 
     def __init__(self, args, max_sequences: int, max_seq_len: int):
         from specdec import simulate
         from specdec.config import ModelArgs
+        from specdec.in_target import ColocatedDraft
         from specdec.local import LocalDrafter, LocalVerifier
         from specdec.ngram import NgramProposer
         from specdec.planner import Planner
+        from specdec.records import IN_TARGET, Proposer
         margs = ModelArgs.from_dir(args.target)
+        self.colocated = colocated(args)
         if args.table is None:   # this machine's own device, as the server loads it
             self.target, self.draft = _as_served(args, max_sequences, max_seq_len, margs)
+            if self.colocated:
+                self.target.add_drafter(Proposer.DRAFT, ColocatedDraft(self.draft))
         else:
             table = simulate.load_table(args.table, args.scale)
             # One process calls one engine at a time, so the shared device changes nothing
@@ -72,12 +84,16 @@ class Local:
             device = None if args.own_draft_device else \
                 simulate.Device(args.device_dir / simulate.LOCK_NAME)
             target, draft = _on_cpu(args, max_sequences, max_seq_len, margs)
+            if self.colocated:   # padded inside the verification, as target_model pads it
+                target.add_drafter(Proposer.DRAFT, ColocatedDraft(draft))
             self.target = simulate.pad(target, table, "target", device)
-            self.draft = simulate.pad(draft, table, "draft", device)
-        self.verifier, self.drafter = LocalVerifier(self.target), LocalDrafter(self.draft)
+            self.draft = draft if self.colocated else simulate.pad(draft, table, "draft", device)
+        self.verifier = LocalVerifier(self.target)
+        self.drafter = None if self.colocated else LocalDrafter(self.draft)
         self.eos, self.max_seq_len = margs.eos_token_ids, max_seq_len
         self.planner = Planner(MAX_DRAFT_TOKENS, None, proposers=tuple(
-            _proposer(p) for p in ("draft", "ngram", "eagle")))
+            _proposer(p) for p in ("draft", "ngram", "eagle")),
+            in_target=IN_TARGET + ((Proposer.DRAFT,) if self.colocated else ()))
         self.ngram = NgramProposer
         self.seq = itertools.count(1)
 

@@ -121,12 +121,14 @@ def main(argv=None) -> int:
 
 
 def _report(args, results: dict) -> None:
+    import sim_inproc
     rows = [row(mode, streams, label, r, args.scale)
             for (mode, streams, label), r in results.items()]
     print(f"{args.prompts} prompts (at least one per stream), {args.max_tokens} tokens, "
           f"{_device(args)}, draft on "
-          f"{'a device of its own' if args.own_draft_device else 'the target device'}, "
-          f"load {load_snapshot()['loadavg_1_5_15']}\n")
+          f"{'a device of its own' if args.own_draft_device else 'the target device'} "
+          f"(in process {'in' if sim_inproc.colocated(args) else 'apart from'} the target's "
+          f"call), load {load_snapshot()['loadavg_1_5_15']}\n")
     print(table(rows))
     cpu = cpu_table(rows)
     if cpu:

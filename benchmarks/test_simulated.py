@@ -38,6 +38,16 @@ def test_no_table_loads_the_engines_as_the_server_does_and_runs_them_unpadded():
     r = local.run([([5, 17, 200, 33], "a prompt")], tok, args.mode_list[0], 6, 1)
     assert r["tokens"] == 6 and r["rounds"] == 6 and r["calls"] == 0
     assert r["target_execution_s"] is None
+    # The draft drafts inside the target's call, as the served default places it.
+    from specdec.records import Proposer
+    assert local.colocated and local.drafter is None and Proposer.DRAFT in local.target.drafters
+    r = local.run([([5, 17, 200, 33], "a prompt")], sim_plan.Setting("draft K=4", "draft", 4),
+                  args.mode_list[0], 12, 1)
+    assert r["tokens"] == 12 and r["drafted"] > 0 and r["rounds"] < 12
+    apart = sim_inproc.Local(sim_plan.parse(["--table", "none", "--placements", "separate"]),
+                             2, 128)
+    assert not apart.colocated and apart.drafter is not None
+    assert Proposer.DRAFT not in apart.target.drafters
 
 
 def test_quick_and_refusals():
