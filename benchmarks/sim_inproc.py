@@ -75,6 +75,8 @@ class Local:
         self.colocated = colocated(args)
         if args.table is None:   # this machine's own device, as the server loads it
             self.target, self.draft = _as_served(args, max_sequences, max_seq_len, margs)
+            for engine in (self.target, self.draft):   # as the server does before it is ready
+                engine.capture_graphs()
             if self.colocated:
                 self.target.add_drafter(Proposer.DRAFT, ColocatedDraft(self.draft))
         else:

@@ -32,7 +32,8 @@ class HeadDrafter(InTargetDrafter):
 
     def graphed(self, capture: bool = True) -> None:
         """Replay the head's small forwards (its draft steps, short catch-ups) from CUDA graphs,
-        as the engine does the target's; the one-row step is captured now."""
+        as the engine does the target's; the one-row step is captured now (the others by the
+        engine's capture_graphs in a server, else as they come)."""
         self.graphs = GraphedForward(self.head, self.cache, self.cache.scratch, capture=capture,
                                      feature_dim=self.head.args.layer.hidden_size)
         self.graphs.warm_up()

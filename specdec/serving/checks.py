@@ -33,6 +33,13 @@ def cuda_line(device) -> str:
             f"{torch.version.cuda}, cuDNN {cudnn or 'unavailable'}")
 
 
+def graphs_line(engine) -> str:
+    """What capturing an engine's CUDA graphs (and its head's) took at load."""
+    parts = [g for g in (engine.graphs, getattr(engine.head, "graphs", None)) if g is not None]
+    return (f"{sum(len(g.graphs) for g in parts)} CUDA graphs captured in "
+            f"{sum(g.warm_s for g in parts):.1f} s")
+
+
 def instance_count(model_config: dict) -> int:
     """Instances Triton starts from `instance_group` (a KIND_GPU group starts `count` per GPU
     listed). No group: one."""

@@ -15,6 +15,7 @@ from ..medusa.checkpoint import load_medusa
 from ..medusa.drafting import MedusaDrafter
 from ..records import Proposer
 from ..swift import SkipView, format_skip, parse_skip
+from .checks import graphs_line
 from .engine_settings import EngineSettings
 from .settings import ENV_PREFIX, NO_DRAFT, InTargetSettings, SettingsError, model_paths
 
@@ -33,8 +34,10 @@ def attach(engine: Engine, s: EngineSettings, it: InTargetSettings, params: dict
                                 attention_kind=s.attention,
                                 cuda_graphs=s.cuda_graphs and device.type == "cuda")
         engine.add_drafter(Proposer.DRAFT, ColocatedDraft(colocated))
+        colocated.capture_graphs()
         said.append(f"draft model {draft} in target_model's process on {device} "
-                    f"(draft_placement {it.draft_placement})")
+                    f"(draft_placement {it.draft_placement})"
+                    + (f", {graphs_line(colocated)}" if colocated.graphs is not None else ""))
     if it.medusa_heads_path:
         # Refused by field where they do not fit the target (medusa/checkpoint.py); the heads
         # in the target's dtype, reading its final hidden state.
@@ -74,6 +77,8 @@ def _attach_self(engine: Engine, s: EngineSettings, text: str, device: torch.dev
                       vocab_size=engine.vocab_size, attention_kind=s.attention,
                       cuda_graphs=s.cuda_graphs and device.type == "cuda")
     engine.add_drafter(Proposer.SELF, ColocatedDraft(drafting))
+    drafting.capture_graphs()
     return (f"the target drafting for itself (SWIFT) in target_model's process on {device}: "
             f"layers {format_skip(view.skip)} skipped, {len(view.kept)} of {n} kept, KV "
-            f"{need / 2**20:.0f} MiB")
+            f"{need / 2**20:.0f} MiB"
+            + (f", {graphs_line(drafting)}" if drafting.graphs is not None else ""))

@@ -18,7 +18,7 @@ from ..config import ModelArgs
 from ..records import Proposer
 from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, triton_error
-from .checks import check_one_instance, cuda_line, say
+from .checks import check_one_instance, cuda_line, graphs_line, say
 from .requests import InvalidInput
 from .engine_settings import EngineSettings, check_device
 from .settings import InTargetSettings
@@ -90,6 +90,9 @@ class _EngineModel:
         else:
             self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
                                       device, **options)
+            if self.engine.graphs is not None:
+                self.engine.capture_graphs()
+                say(f"{self.role}_model", graphs_line(self.engine))
         if self.role == "target":
             for line in attach(self.engine, s, it, params, device, dtype):
                 say(f"{self.role}_model", line)

@@ -116,12 +116,21 @@ def test_sampled_rows_equal_the_eager_path(pair_dir, flash, graphs):
     assert got == want
 
 
-def test_warm_up_prepares_the_one_token_graph(pair_dir):
+def test_warm_up_prepares_every_graph_a_call_can_replay(pair_dir):
+    """A server's engine captures at load, never while serving: every bucket, 1..max_tokens
+    tokens a row (Engine.capture_graphs)."""
     target, _ = engines(pair_dir)
-    g = GraphedForward(target.model, target.cache, 4, capture=False)
+    g = GraphedForward(target.model, target.cache, 4, max_tokens=6, capture=False)
     g.warm_up()
+    assert set(g.graphs) == {(1, 1)}   # at construction: a forward that cannot be captured
+    g.warm_up(every=True)              # fails the load; a server then captures every shape
+    assert set(g.graphs) == {(b, t) for b in (1, 2, 4) for t in range(1, 7)}
     static = g.graphs[(1, 1)]
     assert static.read.tolist() == [target.cache.scratch] and static.used == 0
+    slots = [target.pool.open(i, 0) for i in range(3)]
+    with torch.inference_mode():   # as the engine calls it (the statics were made so)
+        g(Batch.build([[5, 6, 7]] * 3, [0, 0, 0], slots, target.cache, CPU))   # (4, 3)
+    assert len(g.graphs) == 18 and g.graphs[(4, 3)].used == 3
 
 
 def test_padding_rows_are_reset_when_the_batch_shrinks(pair_dir):
