@@ -251,7 +251,10 @@ def test_tune_self_emits_a_valid_skip_set(tmp_path, capsys):
     assert report["proposer"] == "self" and report["draft"] is None
     assert r["scored"] == 3 and len(r["candidates"]) == 3
     assert parse_skip(r["skip"], 6) and r["kept_layers"] == 6 - len(parse_skip(r["skip"], 6))
-    assert r["same_output_as_target_only"] == 2 and 0 < r["c"] < 1
+    # c is timed (the kept layers' step over the whole step): on a loaded machine fewer layers
+    # can time no cheaper, and the fit's slope stops at 0 (c = 1); a fresh-clone CI run with
+    # another test run beside it read 1.0. The search on known costs is tested above.
+    assert r["same_output_as_target_only"] == 2 and 0 < r["c"] <= 1
     assert r["draft_kv_bytes_per_token"] * 6 == r["target_kv_bytes_per_token"] * r["kept_layers"]
     assert (r["setting"] is not None) == report["speculate"]
     printed = capsys.readouterr().out
