@@ -224,9 +224,10 @@ class Adaptive(Policy):
         k = _best(self.acceptance(p)[:cap], costs, p)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
         if k == 0 and _dear(p, costs):
-            # Off, and its step dear (the target with layers skipped, a draft model): one token
-            # only for the round that will probe it, or every round would pay a step for drafts
-            # thrown away. A head's step is cheap: it drafts one every round, ready to probe.
+            # Off, and its step dear (the target with layers skipped, a draft model, a head past
+            # PROBE_SHARE): one token only for the round that will probe it, or every round
+            # would pay a step for drafts thrown away. A step within PROBE_SHARE of a round
+            # (Medusa's heads) is cheap: it drafts one every round, ready to probe.
             self.idle_ahead += 1
             every = self._spread(p, costs)
             if self.idle_ahead < every:
