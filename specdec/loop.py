@@ -133,6 +133,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             chosen = proposers.get(choice.proposer) if choice.k else None
             d = await chosen.propose(committed, choice.k) if chosen else Drafted(Proposal([], None))
             k = len(d.proposal.tokens)
+            discarded = proposers[ahead].unused(chosen, k) if ahead else 0
             t1 = time.perf_counter()
             # The in-target drafter drafts the next round's proposal now; that round's limit is
             # at most this.
@@ -151,7 +152,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             committed += verdict.tokens
             r = Round(k, m, draft_s, verify_s, None if verified_at is None else t0 - verified_at,
                       n - target_len > 2, d.fed, d.failure, limit, choice.reason,
-                      choice.proposer, d.drafted, verdict.failure, max(verdict.batch_k, k))
+                      choice.proposer, d.drafted, verdict.failure, max(verdict.batch_k, k),
+                      discarded, ahead)
             target_len, verified_at = n + m, t2
             _count(stats, r)
             policy.observe(r)

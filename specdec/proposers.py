@@ -132,6 +132,10 @@ class InTargetProposer(SequenceProposer):
     def offer(self, committed: list[int], limit: int) -> int:
         return min(len(self.pending), limit)
 
+    def unused(self, chosen: SequenceProposer | None, k: int) -> int:
+        """Its drafts for this round that the round does not verify (chosen drafts k)."""
+        return len(self.pending) - (k if chosen is self else 0)
+
     async def propose(self, committed: list[int], k: int) -> Drafted:
         # A proposal drafted after a prefill's catch-up costs like a prefill.
         return Drafted(Proposal(self.pending[:k], None), self.fed,

@@ -178,6 +178,10 @@ class Round:
     # The verification cost's x (policy.py): a batched call costs what its widest row asks, so
     # the most drafts any row of its batch carried; None: the row's own k.
     batch_k: int | None = None
+    # Tokens the in-target drafter (`ahead`) drafted for this round, a round ahead, that this
+    # round did not verify: its steps spent for nothing (another proposer won, or k was less).
+    discarded: int = 0
+    ahead: Proposer | None = None
 
 
 @dataclass

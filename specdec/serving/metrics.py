@@ -62,6 +62,12 @@ class Metrics:
                                         "Tokens proposed (draft model or prompt lookup)")
         self.accepted_tokens = by_proposer("specdec_accepted_tokens_total",
                                            "Proposed tokens accepted by the target")
+        # A drafter in target_model drafts round r + 1 inside round r's verification: what r + 1
+        # then did not verify was drafted for nothing (on the H200, a co-located draft that the
+        # policy kept off drafted a token every round, 0.64 of target-only served).
+        self.discarded_tokens = by_proposer(
+            "specdec_discarded_draft_tokens_total",
+            "Tokens a drafter in target_model drafted a round ahead that the round did not verify")
         self.rounds = counter("specdec_rounds_total", "Propose/verify rounds (target passes)")
         # Where the target's engine runs, the verifications each engine call carried (batching.py);
         # Triton's statistics count target_model's executions only when the engine is there.
@@ -186,6 +192,8 @@ class Metrics:
             self._count(self.draft_failures[r.failure], 1)
         if r.in_target_failure:
             self._count(self.draft_failures[r.in_target_failure], 1)
+        if r.discarded:
+            self._count(self.discarded_tokens[r.ahead], r.discarded)
         post = self.post
         if r.limit and r.k:
             post(self.chosen_k.observe, r.k)

@@ -61,6 +61,11 @@ def test_a_round_with_the_head_is_one_bls_call():
     m.round(Round(k=2, accepted=1, draft_s=0.01, verify_s=0.01, proposer="draft"))
     m.round(Round(k=0, accepted=0, draft_s=0.0, verify_s=0.01, proposer="eagle",
                   in_target_failure="error"))
+    # A lookup won a round the head had drafted 3 for; the head's 5 used 2 of them.
+    m.round(Round(k=4, accepted=4, draft_s=0.0, verify_s=0.01, proposer="ngram", discarded=3,
+                  ahead="eagle"))
+    m.round(Round(k=2, accepted=2, draft_s=0.001, verify_s=0.01, proposer="eagle", drafted=5,
+                  discarded=3, ahead="eagle"))
     m.flush()
 
     def of(name, **labels):
@@ -69,9 +74,11 @@ def test_a_round_with_the_head_is_one_bls_call():
     assert of("specdec_bls_calls_per_round", proposer="eagle") == 1.0
     assert of("specdec_bls_calls_per_round", proposer="draft") == 2.0
     assert of("specdec_bls_calls_total", proposer="none") == 1
-    assert of("specdec_draft_tokens_total", proposer="eagle") == 24
+    assert of("specdec_draft_tokens_total", proposer="eagle") == 24 + 2
     assert of("specdec_accepted_at_position_total", proposer="eagle", position="3") == 6
     assert of("specdec_draft_failures_total", reason="error") == 1
+    assert of("specdec_discarded_draft_tokens_total", proposer="eagle") == 6
+    assert of("specdec_discarded_draft_tokens_total", proposer="draft") == 0
 
 
 def test_long_requests_send_counters_while_they_run(monkeypatch):

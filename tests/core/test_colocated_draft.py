@@ -116,6 +116,10 @@ def test_the_draft_catches_up_after_rounds_it_did_not_draft(pair_dir):
     assert [r[0] for r in got] == alone
     used = {r.proposer for r in rounds if r.k}
     assert {Proposer.NGRAM, DRAFT} <= used, used
+    # What it drafted a round ahead for a round that a lookup won is counted as discarded
+    # (specdec_discarded_draft_tokens_total).
+    assert all(r.ahead == DRAFT and r.discarded >= 0 for r in rounds)
+    assert any(r.proposer == Proposer.NGRAM and r.k and r.discarded for r in rounds)
     assert torch.is_grad_enabled()   # the engine's inference mode stayed inside it
 
 
