@@ -116,6 +116,10 @@ class Local:
         from specdec.loop import open_policy, speculate
         todo = iter(prompts)
         reqs: list[tuple[float, object]] = []
+        discarded = [0]   # an in-target drafter's tokens that their round did not verify
+
+        def on_round(r) -> None:
+            discarded[0] += r.discarded
 
         async def worker():
             for ids, text in todo:
@@ -126,7 +130,8 @@ class Local:
                     stats = await speculate(next(self.seq), req, self.drafter, self.verifier,
                                             self.max_seq_len, lambda c: None, policy=policy,
                                             draft_timeout_s=2.0, ngram=self.ngram(),
-                                            in_target=tuple(self.target.drafters))
+                                            in_target=tuple(self.target.drafters),
+                                            on_round=on_round)
                 finally:
                     self.planner.close(policy)
                 reqs.append((time.perf_counter() - t0, stats))
@@ -146,6 +151,7 @@ class Local:
         d = [a - b for a, b in zip(counts(), before)]
         out = {"tokens": sum(s.num_output_tokens for _, s in reqs), "wall_s": wall,
                "request_s": sum(t for t, _ in reqs), "rounds": sum(s.rounds for _, s in reqs),
+               "discarded": discarded[0],
                "draft_s": sum(s.draft_s for _, s in reqs),
                "verify_s": sum(s.verify_s for _, s in reqs),
                "drafted": sum(s.total_draft_tokens for _, s in reqs),

@@ -49,6 +49,10 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
     out["target_execution_ms"] = {
         side: r[side]["target_execution_s"] * 1e3 for side in ("local", "served")
         if r.get(side) and r[side].get("target_execution_s") is not None}
+    # an in-target drafter's tokens, drafted a round ahead, that the round did not verify
+    out["discarded_per_round"] = {
+        side: r[side]["discarded"] / r[side]["rounds"] for side in ("local", "served")
+        if r.get(side) and r[side].get("rounds") and "discarded" in r[side]}
     return out
 
 
@@ -70,11 +74,12 @@ def table(rows: list[dict]) -> str:
     out = ["| mode | streams | setting | in-process tok/s | served tok/s | served / in-process "
            "| tokens/round | round ms in-process | round ms served | overhead ms/round "
            "| of which draft call | verify call | outside calls | served / in-process at x1, "
-           "projected | BLS calls/round | served target rows/batch | target executions by rows "
+           "projected | BLS calls/round | drafts discarded/round in-process | served "
+           "| served target rows/batch | target executions by rows "
            "| target ms an execution in-process | served "
            "| in-process calls over table | served "
            "| ms a call past the table, in-process | served |",
-           "|---|---:|---|" + "---:|" * 13 + "---|" + "---:|" * 6]
+           "|---|---:|---|" + "---:|" * 15 + "---|" + "---:|" * 6]
     for r in rows:
         lo, se, ov = r["local"] or {}, r["served"] or {}, r.get("overhead_ms") or {}
         prop = "none" if r["setting"] == "target-only" else r["setting"].split()[0]
@@ -89,7 +94,9 @@ def table(rows: list[dict]) -> str:
             f"| {_f(lo.get('round_ms'))} | {_f(se.get('round_ms'))} | {_f(ov.get('round_ms'))} "
             f"| {_f(ov.get('draft_ms'))} | {_f(ov.get('verify_ms'))} "
             f"| {_f(ov.get('outside_ms'))} | {x1} "
-            f"| {_f(calls, '.2f')} | {_f(r.get('target_batch'), '.2f')} "
+            f"| {_f(calls, '.2f')} | {_f(r['discarded_per_round'].get('local'), '.2f')} "
+            f"| {_f(r['discarded_per_round'].get('served'), '.2f')} "
+            f"| {_f(r.get('target_batch'), '.2f')} "
             f"| {_sizes(r.get('target_batch_sizes'))} "
             f"| {_f(r['target_execution_ms'].get('local'))} "
             f"| {_f(r['target_execution_ms'].get('served'))} "

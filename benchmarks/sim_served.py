@@ -108,6 +108,7 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            "verify_s": d.get("specdec_verify_latency_seconds_sum", 0.0),
            "verify_calls": d.get("specdec_verify_latency_seconds_count", 0.0),
            "drafted": d.get("specdec_draft_tokens_total", 0.0),
+           "discarded": d.get("specdec_discarded_draft_tokens_total", 0.0),
            "accepted": d.get("specdec_accepted_tokens_total", 0.0),
            "bls_calls_per_round": per_round,
            # calls whose real CPU compute outran the simulated time, and by how much: on a

@@ -71,10 +71,10 @@ def side(tokens, wall, request_s, rounds, draft_s, verify_s):
 
 
 def test_report_splits_the_overhead():
-    local = {**side(100, 1.0, 1.0, 50, 0.3, 0.5), "target_execution_s": 0.01}
+    local = {**side(100, 1.0, 1.0, 50, 0.3, 0.5), "target_execution_s": 0.01, "discarded": 0}
     served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "bls_calls_per_round": {"draft": 2.0},
               "target_batch": 1.5, "target_batch_sizes": {1: 2, 2: 1},
-              "target_execution_s": 0.0125}
+              "target_execution_s": 0.0125, "discarded": 25}
     r = sim_report.row("greedy", 1, "draft K=4", {"local": local, "served": served})
     assert r["ratio"] == pytest.approx(0.8)
     ov = r["overhead_ms"]
@@ -90,7 +90,9 @@ def test_report_splits_the_overhead():
     e = sim_report.row("greedy", 1, "eagle K=4", {"local": local, "served": served})
     assert e["local"]["draft_ms"] == 0.0
     text = sim_report.table([r, e])
-    assert "| greedy | 1 | draft K=4 |" in text and "| 2.00 | 1.50 | 1:2 2:1 |" in text
+    # BLS calls a round; drafts discarded a round in process, served (an in-target drafter's)
+    assert "| greedy | 1 | draft K=4 |" in text
+    assert "| 2.00 | 0.00 | 0.50 | 1.50 | 1:2 2:1 |" in text
     assert "| 1:2 2:1 | 10.0 | 12.5 |" in text   # a target execution's ms: in process, served
     # Calls whose real compute outran the table, each side: a share and ms a call past it.
     local["calls_over_table"], local["calls"], local["over_s"] = 1, 50, 0.01
