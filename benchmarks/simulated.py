@@ -10,7 +10,8 @@ EAGLE-3 head at K): tok/s in process and served, served / in process, each side'
 round of one sequence (its requests' seconds over their rounds) and the overhead per round
 (served less in process), split into the draft call, the verify call and what lies outside the
 calls (the orchestrator, pre/postprocessing, gRPC), from the server's own latency histograms;
-and BLS calls per round by proposer (specdec_bls_calls_per_round, since the server started).
+BLS calls per round by proposer (specdec_bls_calls_per_round, since the server started); and
+the tokens an in-target drafter drafted a round ahead that their round did not verify, a round.
 
     .venv/bin/python benchmarks/simulated.py --quick             # a fast check (minutes)
     .venv/bin/python benchmarks/simulated.py --prompts 8 --max-tokens 64 --out /tmp/sim.json
