@@ -75,12 +75,17 @@ class Engine:
                 self.head.graphed()
         self.pool = SlotPool(max_sequences)
 
+    @property
+    def graphed_forwards(self) -> list[GraphedForward]:
+        """Its forwards replayed from CUDA graphs: its own and its head's (none on a CPU)."""
+        head = self.head.graphs if self.head is not None else None
+        return [g for g in (self.graphs, head) if g is not None]
+
     def capture_graphs(self) -> None:
         """Every CUDA graph its calls (and its head's) can replay, captured now: a server's, so
         that no request meets a capture (graphs.py)."""
-        for g in (self.graphs, self.head.graphs if self.head is not None else None):
-            if g is not None:
-                g.warm_up(every=True)
+        for g in self.graphed_forwards:
+            g.warm_up(every=True)
 
     def add_drafter(self, kind: Proposer, drafter: InTargetDrafter) -> None:
         """One that reads captured layers comes before any CUDA graph (the constructor's head)."""

@@ -35,7 +35,7 @@ def cuda_line(device) -> str:
 
 def graphs_line(engine) -> str:
     """What capturing an engine's CUDA graphs (and its head's) took at load."""
-    parts = [g for g in (engine.graphs, getattr(engine.head, "graphs", None)) if g is not None]
+    parts = engine.graphed_forwards
     return (f"{sum(len(g.graphs) for g in parts)} CUDA graphs captured in "
             f"{sum(g.warm_s for g in parts):.1f} s")
 
