@@ -10,6 +10,27 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _interpreted_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    """tl.dot in the interpreter, each output a plain sum over K. The interpreter's own hands
+    float32 products to numpy's matmul and so to OpenBLAS, whose Haswell and Zen kernels (an
+    AMD EPYC's) sum a row's products in an order that depends on where the row sits in the
+    tile: a query's output then depended on the tile's other rows (rows 6 and on of 16), as a
+    GPU's compiled kernel never does, and the kernels' bit-equality tests failed there."""
+    from triton.runtime.interpreter import TensorHandle
+    acc = d.data.dtype
+    products = a.data.astype(acc)[..., :, :, None] * b.data.astype(acc)[..., None, :, :]
+    return TensorHandle(products.sum(axis=-2) + d.data, d.dtype.scalar)
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:   # no triton: the kernels' tests skip
+        pass
+    else:
+        InterpreterBuilder.create_dot = _interpreted_dot
+
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
 from specdec.loop import open_policy, speculate
