@@ -8,12 +8,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .estimates import PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts
-from .policy import Adaptive, Fixed, Policy
+from .estimates import (PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts,
+                        expected_tokens)
+from .policy import Adaptive, Fixed, Policy, best_k
 from .records import DRAFTING, IN_TARGET, Proposer, Round
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
 _LEVELS = 8
+# At load the batch's width (Planner.width) moves to another k only where that k's expected
+# tokens a second beat the width's by this much: where E(k)/T(k) is flat, estimates that wander
+# moved it every batch, and rows that read it apart split one batch between two widths.
+WIDTH_MARGIN = 0.03
 
 def _level(active: int) -> int:
     return min(max(active - 1, 0).bit_length(), _LEVELS - 1)
@@ -45,7 +50,8 @@ class Planner:
         self.probe_every, self.probe_max = probe_every, probe_max
         self.down_s, self.down_max_s, self.clock = down_s, down_max_s, clock
         self.acceptance = {p: Acceptance(max_k, decay=0.995) for p in DRAFTING}
-        self.mean_k = float(max_k)   # k of the rounds that drafted, all rows (a moving average)
+        self.rounds_seen = 0
+        self.widths: dict[Proposer, tuple[int, int]] = {}   # p -> (width, rounds_seen then)
         # Seconds a probe's proposal took (a moving average per proposer): an off drafter's
         # cache follows nothing, so its probe first catches up on every token since it was last
         # used (SWIFT re-reads them through its kept layers).
@@ -88,6 +94,30 @@ class Planner:
             "draft_call": d0, "draft_token": d1, "verify_call": v0, "verify_token": v1,
             "other": c.other(0)})
 
+    def width(self, proposer: Proposer) -> int:
+        """The k that every row drafting with `proposer` takes at load. A batch costs what its
+        widest row drafts (verification padded to it, a drafter's steps run for it), so a row
+        drafting less than the widest saves nothing and commits less, and one drafting more
+        widens every row's round. With rows choosing from their own estimates (and stretching
+        apart), batches of 16 ran to their most confident row's k while most rows drafted
+        less: auto 0.87x of K=4 on the H200's table, 0.94x with one width (docs/benchmarks.md,
+        "One width a batch"). One k for all, from the server's acceptance and the load's costs
+        (E(k)/T(k) summed over alike rows is one row's times their number), recomputed once a
+        batch (as many rounds observed as there are rows) and kept unless another k beats it
+        by WIDTH_MARGIN."""
+        kept = self.widths.get(proposer)
+        if kept is not None and self.rounds_seen - kept[1] < max(self.active, 1):
+            return kept[0]
+        acceptance, costs = self.server_acceptance(proposer), self.costs_now()
+        k = best_k(acceptance, costs, proposer)
+        if kept is not None and k != kept[0]:
+            tokens = expected_tokens(acceptance)
+            rate = [t / max(costs.round_s(proposer, j), 1e-9) for j, t in enumerate(tokens)]
+            if rate[k] < (1 + WIDTH_MARGIN) * rate[kept[0]]:
+                k = kept[0]
+        self.widths[proposer] = (k, self.rounds_seen)
+        return k
+
     def costs_now(self) -> Costs:
         """The fit for the current load level, or the nearest level that has data."""
         level = _level(self.active)
@@ -103,8 +133,8 @@ class Planner:
             if r.proposer == Proposer.DRAFT:
                 self._draft_failed(policy)
             return
+        self.rounds_seen += 1
         if r.k:
-            self.mean_k += 0.02 * (r.k - self.mean_k)
             if r.proposer == Proposer.DRAFT and (policy.probing_draft or self.failing):
                 self.failing = self.probing = policy.probing_draft = False
                 self.backoff = self.down_s

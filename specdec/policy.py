@@ -4,8 +4,9 @@ measured cost (estimates.py).
 Each round of each sequence takes the proposer and the k in 0..limit that maximize expected
 committed tokens per second, E(k) / T(k), with acceptance counted per sequence and proposer
 (prior: what the server has seen) and costs fitted online per load level (active sequences), so
-verification's growing cost under load lowers k by measurement; at load a row drafts at most one
-past the rows' mean k, since the batch costs what its widest row drafts. A proposer that stops
+verification's growing cost under load lowers k by measurement; at load every row drafting
+with a proposer takes one k, the batch's width (Planner.width), since the batch costs what its
+widest row drafts and a row drafting less saves no one anything. A proposer that stops
 paying is off (k = 0) for that sequence; probes of one token, ever rarer while they fail, turn it
 back on when the text becomes predictable. A draft model that fails (error, timeout,
 unavailable) is off for the whole server for a backoff period; one probe at a time then tests it
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 
 # Every STRETCH_EVERY-th round that drafts, one token more than the estimates' best: the
 # position beyond is measured now and then, or one unlucky rejection there would keep k below
-# it for as long as the estimate takes to forget.
+# it for as long as the estimate takes to forget. Not at load, where each row's stretch widened
+# the whole batch (most batches of 16 had a row stretching): there the width grows where the
+# position past it, assumed to accept like the last one drafted, says it pays.
 STRETCH_EVERY = 8
 # A proposer that is off is probed now and then; at most this share of a batch's time goes to
 # probes. A probe widens its whole batch's round by the proposer's step, and each row probes on
@@ -157,7 +160,6 @@ class Adaptive(Policy):
         cap = self._cap(cap)
         if cap == 0:
             return Choice(0)
-        cap = self._batch_cap(cap)
         costs = self.costs()
         best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
         offers: dict[Proposer, tuple[int, int]] = {}   # (the most it offers, its own best k)
@@ -195,24 +197,35 @@ class Adaptive(Policy):
                 self.off_rounds[q], self.probe = 0, q
                 k, p = (1 if q == Proposer.DRAFT else kmax), q
                 break
+        shared = k > 0 and self.probe is None and self._shared()
+        if shared:
+            # The batch's width, or all a drafter in the target drafted a round ahead (the
+            # width then): drafting less than the widest row saves no row anything.
+            k = offers[p][0] if p == self.ahead else min(self._width(p), offers[p][0])
         if k == 0:
             return Choice(0, Off.ACCEPTANCE if offers else why)
         self.drafted_rounds += 1
-        if self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
+        if not shared and self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
             k = min(k + 1, offers[p][0])
         return self._draft(k) if p == Proposer.DRAFT else Choice(k, None, p)
 
-    def _batch_cap(self, cap: int) -> int:
-        """A batch costs what its widest row drafts and every row waits for it: a row that
-        trusts its proposal more than the others do theirs (a long lookup match) would widen
-        every row's verification for its own gain. At load a row drafts at most one past the
-        rows' mean k (one past, so that k can still grow)."""
-        if self.frozen or self.planner.active <= 1:
-            return cap
-        return min(cap, math.ceil(self.planner.mean_k) + 1)
+    def _shared(self) -> bool:
+        """Whether this row drafts the batch's width (Planner.width): at load, unless frozen."""
+        return not self.frozen and self.planner.active > 1
+
+    def _width(self, p: Proposer) -> int:
+        """The batch's width for p, and for a lookup no wider than the row's model drafter's:
+        a long match a row trusts would widen every row's verification for its own gain (a
+        fifth of lookups 8 long, the rest 2 or 3: 0.77x of the best fixed k)."""
+        w = self.planner.width(p)
+        if p == Proposer.NGRAM:
+            models = [q for q in self.proposers if q != Proposer.NGRAM]
+            if models:
+                w = min(w, max(self.planner.width(q) for q in models))
+        return w
 
     def lookahead(self, limit: int) -> int:
-        cap = self._batch_cap(self._cap(min(self.cap, limit)))
+        cap = self._cap(min(self.cap, limit))
         p = self.ahead
         if p is None or cap == 0:
             return 0
@@ -236,6 +249,8 @@ class Adaptive(Policy):
             self.off_rounds[p] = every   # the next choice probes what it drafts
             return 1
         self.idle_ahead = 0
+        if self._shared():
+            return min(cap, max(1, self._width(p)))
         return min(cap, max(1, k + stretches))
 
     def _probe_every(self, p: Proposer, costs: Costs) -> int:
