@@ -341,58 +341,17 @@ def test_at_load_rows_choose_alike_from_the_batchs_costs():
 HEAD_STEP = 0.0015
 
 
-def play_head(planner, rows: int, accept: float, rounds: int, rng,
-              fixed: int | None = None) -> float:
-    """`rows` sequences drafting with an EAGLE-3 head, verified together: each verification also
-    runs the head for the next round as many steps as the most any row asks ahead
-    (Policy.lookahead), and a row's round can take at most what was drafted for it. Returns
-    committed tokens per second over all rows."""
-    policies = [planner.open(8, auto=True, proposers=("eagle",)) if fixed is None else
-                planner.open(fixed, auto=False, proposers=("eagle",)) for _ in range(rows)]
-    pending = [0] * rows           # the head's proposal for each row, in tokens
-    steps, head_s = 0, 0.0         # the steps that drafted them, and their seconds
-    tokens, seconds = 0, 0.0
-    for _ in range(rounds):
-        choices = [p.choose(8, {"eagle": n}) for p, n in zip(policies, pending)]
-        widest = max(c.k for c in choices)
-        ahead = [p.lookahead(8) for p in policies]
-        verify = BATCH_CALL + BATCH_TOKEN * widest
-        for p, c in zip(policies, choices):
-            m = 0
-            while m < c.k and rng.random() < accept:
-                m += 1
-            p.observe(Round(c.k, m, head_s if c.k else 0.0, verify, OTHER, False, 0, None, 8,
-                            c.reason, "eagle", steps if c.k else 0, batch_k=widest))
-            tokens += m + 1
-        pending, steps = ahead, max(ahead)
-        head_s = HEAD_STEP * steps
-        seconds += verify + head_s + OTHER
-    return tokens / seconds
-
-
-def test_the_head_drafts_ahead_only_what_the_next_round_takes():
-    """The head drafts a round ahead, inside the verification, as many steps as the batch's
-    most eager row asks. Drafting one past the estimates' best every round (for the one round
-    in STRETCH_EVERY that stretches k) made every round pay a head step it rarely used: auto
-    0.92x of the best fixed k at 16 rows, 0.93x alone; 0.98x both, now that the extra step is
-    drafted only before a round that stretches."""
-    rates = {k: play_head(Planner(8), 16, 0.7, 150, random.Random(k), fixed=k)
-             for k in range(1, 9)}
-    auto = play_head(Planner(8), 16, 0.7, 300, random.Random(11))
-    assert auto >= 0.95 * max(rates.values()), (auto, rates)
-    one = {k: play_head(Planner(8), 1, 0.7, 400, random.Random(k), fixed=k) for k in range(1, 9)}
-    alone = play_head(Planner(8), 1, 0.7, 800, random.Random(11))
-    assert alone >= 0.95 * max(one.values()), (alone, one)
-
-
-def play_head_apart(planner, accepts: list[float], rounds: int, rng,
-                    fixed: int | None = None) -> tuple[float, float]:
-    """play_head with each row's own acceptance (texts differ in how predictable they are).
-    Returns committed tokens per second over all rows and the batch's mean width."""
+def play_head(planner, accepts: list[float], rounds: int, rng,
+              fixed: int | None = None) -> tuple[float, float]:
+    """A sequence a row, accepts[i] row i's acceptance a token, drafting with an EAGLE-3 head,
+    verified together: each verification also runs the head for the next round as many steps
+    as the most any row asks ahead (Policy.lookahead), and a row's round can take at most what
+    was drafted for it. Returns committed tokens per second over all rows, and the batch's mean
+    width."""
     policies = [planner.open(8, auto=True, proposers=("eagle",)) if fixed is None else
                 planner.open(fixed, auto=False, proposers=("eagle",)) for _ in accepts]
-    pending = [0] * len(accepts)
-    steps, head_s = 0, 0.0
+    pending = [0] * len(accepts)   # the head's proposal for each row, in tokens
+    steps, head_s = 0, 0.0         # the steps that drafted them, and their seconds
     tokens, seconds, widths = 0, 0.0, 0
     for _ in range(rounds):
         choices = [p.choose(8, {"eagle": n}) for p, n in zip(policies, pending)]
@@ -413,15 +372,30 @@ def play_head_apart(planner, accepts: list[float], rounds: int, rng,
     return tokens / seconds, widths / rounds
 
 
+def test_the_head_drafts_ahead_only_what_the_next_round_takes():
+    """The head drafts a round ahead, inside the verification, as many steps as the batch's
+    most eager row asks. Drafting one past the estimates' best every round (for the one round
+    in STRETCH_EVERY that stretches k) made every round pay a head step it rarely used: auto
+    0.92x of the best fixed k at 16 rows, 0.93x alone; 0.98x both, now that the extra step is
+    drafted only before a round that stretches."""
+    rates = {k: play_head(Planner(8), [0.7] * 16, 150, random.Random(k), fixed=k)[0]
+             for k in range(1, 9)}
+    auto = play_head(Planner(8), [0.7] * 16, 300, random.Random(11))[0]
+    assert auto >= 0.95 * max(rates.values()), (auto, rates)
+    one = {k: play_head(Planner(8), [0.7], 400, random.Random(k), fixed=k)[0] for k in range(1, 9)}
+    alone = play_head(Planner(8), [0.7], 800, random.Random(11))[0]
+    assert alone >= 0.95 * max(one.values()), (alone, one)
+
+
 def test_at_load_rows_of_unlike_texts_draft_one_width():
     """Rows whose texts accept from 0.4 to 0.95 a token, batched: each row choosing from its
     own estimate put the batch at its most confident row's k (3.8 wide for a best fixed k of
     2) while most rows drafted less, 0.87x of the best fixed k. Every row taking the batch's
     width from the server's estimate: 0.98x."""
     accepts = [0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.6] * 2
-    rates = {k: play_head_apart(Planner(8), accepts, 150, random.Random(k + 11), fixed=k)[0]
+    rates = {k: play_head(Planner(8), accepts, 150, random.Random(k + 11), fixed=k)[0]
              for k in range(1, 9)}
-    auto, width = play_head_apart(Planner(8), accepts, 300, random.Random(11))
+    auto, width = play_head(Planner(8), accepts, 300, random.Random(11))
     assert auto >= 0.95 * max(rates.values()), (auto, width, rates)
 
 
