@@ -28,9 +28,12 @@ class Mode:
 
 
 def settings(k: int) -> list[Setting]:
-    """Target-only, the draft model at a fixed k and auto, the EAGLE-3 head at k."""
+    """Target-only, the draft model at a fixed k and auto, the EAGLE-3 head at k; hybrid (the
+    default proposer where a head is served: lookup, else the head) at k and auto, run only
+    when --proposers names it."""
     return [Setting("target-only", None, 0), Setting(f"draft K={k}", "draft", k),
-            Setting("draft auto", "draft", AUTO), Setting(f"eagle K={k}", "eagle", k)]
+            Setting("draft auto", "draft", AUTO), Setting(f"eagle K={k}", "eagle", k),
+            Setting(f"hybrid K={k}", "hybrid", k), Setting("hybrid auto", "hybrid", AUTO)]
 
 
 def modes(names: str) -> list[Mode]:
@@ -83,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
                          "(SPECDEC_SIMULATE_SHARED=0); by default draft and target share one, "
                          "as on one GPU")
     ap.add_argument("--proposers", default="none,draft,eagle",
-                    help="the settings to run, by proposer (none: target-only)")
+                    help="the settings to run, by proposer (none: target-only; hybrid: lookup, "
+                         "else the head)")
     ap.add_argument("--quick", action="store_true",
                     help="a fast check: 2 prompts, 16 tokens, 1 and 2 streams, greedy")
     ap.add_argument("--out", type=Path, help="also write every figure as JSON")
