@@ -214,14 +214,15 @@ class Adaptive(Policy):
         return not self.frozen and self.planner.active > 1
 
     def _width(self, p: Proposer) -> int:
-        """The batch's width for p, and for a lookup no wider than the row's model drafter's:
-        a long match a row trusts would widen every row's verification for its own gain (a
-        fifth of lookups 8 long, the rest 2 or 3: 0.77x of the best fixed k)."""
+        """The batch's width for p; a lookup reaches at most one past the row's model
+        drafter's width: a long match a row trusts would widen every row's verification for
+        its own gain (a fifth of lookups 8 long, the rest 2 or 3: 0.77x of the best fixed k
+        uncapped, 0.96x one past). One past, so that a lookup's own length can still show."""
         w = self.planner.width(p)
         if p == Proposer.NGRAM:
             models = [q for q in self.proposers if q != Proposer.NGRAM]
             if models:
-                w = min(w, max(self.planner.width(q) for q in models))
+                w = min(w, max(self.planner.width(q) for q in models) + 1)
         return w
 
     def lookahead(self, limit: int) -> int:

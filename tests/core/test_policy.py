@@ -432,10 +432,11 @@ def test_at_load_a_row_drafts_little_more_than_the_batchs_typical_row():
     """A row whose lookup matched 8 tokens it trusts would widen every row's verification for
     its own gain: nearly every round some row of 16 has such a match, and the batch paid for 8
     drafts where the others asked for 2 or 3 (auto 0.77x of the best fixed K here; 0.88-0.94x
-    served, docs/benchmarks.md). Capped at one past the rows' mean k: 0.91x. A single sequence
-    has no one to slow and keeps its own choice."""
+    served, docs/benchmarks.md). Capped at one past the rows' mean k: 0.91x; at one past the
+    batch's width for the draft: 0.96x. A single sequence has no one to slow and keeps its own
+    choice."""
     rates = {k: play_mixed(Planner(8), 16, 300, random.Random(k), fixed=k) for k in (2, 3, 4, 8)}
     auto = play_mixed(Planner(8), 16, 600, random.Random(11))
-    assert auto >= 0.88 * max(rates.values()), (auto, rates)
+    assert auto >= 0.93 * max(rates.values()), (auto, rates)
     alone = {k: play_mixed(Planner(8), 1, 1500, random.Random(k), fixed=k) for k in (2, 3, 4, 8)}
     assert play_mixed(Planner(8), 1, 3000, random.Random(11)) >= max(alone.values())
