@@ -8,9 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .estimates import (PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts,
-                        expected_tokens)
-from .policy import Adaptive, Fixed, Policy, best_k
+from .estimates import PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts
+from .policy import Adaptive, Fixed, Policy, argmax, rates
 from .records import DRAFTING, IN_TARGET, Proposer, Round
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
@@ -108,13 +107,10 @@ class Planner:
         kept = self.widths.get(proposer)
         if kept is not None and self.rounds_seen - kept[1] < max(self.active, 1):
             return kept[0]
-        acceptance, costs = self.server_acceptance(proposer), self.costs_now()
-        k = best_k(acceptance, costs, proposer)
-        if kept is not None and k != kept[0]:
-            tokens = expected_tokens(acceptance)
-            rate = [t / max(costs.round_s(proposer, j), 1e-9) for j, t in enumerate(tokens)]
-            if rate[k] < (1 + WIDTH_MARGIN) * rate[kept[0]]:
-                k = kept[0]
+        rate = rates(self.server_acceptance(proposer), self.costs_now(), proposer)
+        k = argmax(rate)
+        if kept is not None and rate[k] < (1 + WIDTH_MARGIN) * rate[kept[0]]:
+            k = kept[0]
         self.widths[proposer] = (k, self.rounds_seen)
         return k
 

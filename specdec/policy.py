@@ -297,14 +297,26 @@ def _dear(p: Proposer, costs: Costs) -> bool:
     return costs.propose_s(p, 1) - costs.propose_s(p, 0) > PROBE_SHARE * costs.round_s(None, 0)
 
 
+def rates(acceptance: list[float], costs: Costs, proposer: Proposer) -> list[float]:
+    """E(k) / T(k), expected committed tokens a second, for k = 0..len(acceptance)."""
+    return [tokens / max(costs.round_s(proposer, k), 1e-9)
+            for k, tokens in enumerate(expected_tokens(acceptance))]
+
+
+def argmax(rate: list[float]) -> int:
+    """The k of the highest rate; ties go to smaller k."""
+    best, best_rate = 0, -math.inf
+    for k, r in enumerate(rate):
+        if r > best_rate * (1 + 1e-9):
+            best, best_rate = k, r
+    return best
+
+
 def _best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[int, float]:
     """(k, rate): the argmax over k = 0..len(acceptance) of E(k) / T(k); ties go to smaller k."""
-    best, best_rate = 0, -math.inf
-    for k, tokens in enumerate(expected_tokens(acceptance)):
-        rate = tokens / max(costs.round_s(proposer, k), 1e-9)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = k, rate
-    return best, best_rate
+    rate = rates(acceptance, costs, proposer)
+    k = argmax(rate)
+    return k, rate[k]
 
 
 def best_k(acceptance: list[float], costs: Costs, proposer: Proposer = Proposer.DRAFT) -> int:
