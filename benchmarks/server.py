@@ -203,11 +203,12 @@ class Server:
                 out[value] = out.get(value, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
-    def model_stats(self) -> dict[str, dict[str, float]]:
-        """Triton's own statistics of draft_model and target_model: request count and summed
-        nanoseconds of queue, compute_input, compute_infer, compute_output."""
+    def model_stats(self, models: tuple[str, ...] = (DRAFT, TARGET)
+                    ) -> dict[str, dict[str, float]]:
+        """Triton's own statistics of each model: request count and summed nanoseconds of
+        queue, compute_input, compute_infer, compute_output."""
         out = {}
-        for model in (DRAFT, TARGET):
+        for model in models:
             url = f"http://127.0.0.1:{self.http}/v2/models/{model}/stats"
             st = json.loads(urllib.request.urlopen(url, timeout=10).read())
             inf = st["model_stats"][0]["inference_stats"]

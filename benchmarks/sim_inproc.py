@@ -116,6 +116,7 @@ class Local:
         from specdec.loop import open_policy, speculate
         todo = iter(prompts)
         reqs: list[tuple[float, object]] = []
+        ttfts: list[float] = []
         discarded = [0]   # an in-target drafter's tokens that their round did not verify
 
         def on_round(r) -> None:
@@ -126,15 +127,21 @@ class Local:
                 req = self.request(ids, text, setting, mode, max_tokens)
                 policy = open_policy(self.planner, req)
                 t0 = time.perf_counter()
+                first: list[float] = []   # when the first token came
+
+                def emit(chunk, first=first, t0=t0) -> None:
+                    if chunk.tokens and not first:
+                        first.append(time.perf_counter() - t0)
                 try:
                     stats = await speculate(next(self.seq), req, self.drafter, self.verifier,
-                                            self.max_seq_len, lambda c: None, policy=policy,
+                                            self.max_seq_len, emit, policy=policy,
                                             draft_timeout_s=2.0, ngram=self.ngram(),
                                             in_target=tuple(self.target.drafters),
                                             on_round=on_round)
                 finally:
                     self.planner.close(policy)
                 reqs.append((time.perf_counter() - t0, stats))
+                ttfts.extend(first)
 
         async def all_streams():
             await asyncio.gather(*(worker() for _ in range(streams)))
@@ -151,6 +158,7 @@ class Local:
         d = [a - b for a, b in zip(counts(), before)]
         out = {"tokens": sum(s.num_output_tokens for _, s in reqs), "wall_s": wall,
                "request_s": sum(t for t, _ in reqs), "rounds": sum(s.rounds for _, s in reqs),
+               "requests": len(reqs), "ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
                "discarded": discarded[0],
                "draft_s": sum(s.draft_s for _, s in reqs),
                "verify_s": sum(s.verify_s for _, s in reqs),

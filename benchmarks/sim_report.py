@@ -41,6 +41,19 @@ def row(mode: str, streams: int, label: str, r: dict, scale: float = 1.0) -> dic
         out["bls_calls_per_round"] = r["served"]["bls_calls_per_round"]
         out["target_batch"] = r["served"].get("target_batch")
         out["target_batch_sizes"] = r["served"].get("target_batch_sizes")
+    out["ttft_ms"] = {side: r[side]["ttft_s"] * 1e3 for side in ("local", "served")
+                      if r.get(side) and r[side].get("ttft_s") is not None}
+    lo, se = r.get("local") or {}, r.get("served") or {}
+    if len(out["ttft_ms"]) == 2 and lo.get("requests") and se.get("requests"):
+        # of the seconds a served request took beyond its in-process twin, those before its
+        # first token: a request's start, paid once, not a cost of every round
+        extra = se["request_s"] / se["requests"] - lo["request_s"] / lo["requests"]
+        start = (out["ttft_ms"]["served"] - out["ttft_ms"]["local"]) / 1e3
+        out["start_share"] = start / extra if extra > 0 else None
+    post = se.get("postprocessing")
+    if post and post["responses"]:
+        out["postprocessing_ms"] = {"queue": post["queue_s"] / post["responses"] * 1e3,
+                                    "busy": post["busy_s"] / post["responses"] * 1e3}
     # CPU ms a served token, by process (this one's for the in-process side)
     out["cpu_ms_per_token"] = {
         side: {name: sec / r[side]["tokens"] * 1e3 for name, sec in r[side]["cpu_s"].items()}
@@ -128,4 +141,20 @@ def cpu_table(rows: list[dict]) -> str:
             + " | ".join(_f(se.get(n), ".2f") for n in served_names)
             + f" | {_f(sum(se.values()) if se else None, '.2f')} "
             f"| {_f(busy.get('local'), '.2f')} | {_f(busy.get('served'), '.2f')} |")
+    return "\n".join(out)
+
+
+def start_table(rows: list[dict]) -> str:
+    """Time to first token each side, the share of the served overhead a request pays before
+    it, and a streamed response's wait for and time in postprocessing (Triton's statistics)."""
+    if not any(r.get("ttft_ms") or r.get("postprocessing_ms") for r in rows):
+        return ""
+    out = ["| mode | streams | setting | TTFT ms in-process | served | served overhead before "
+           "the first token | postprocessing queue ms a response | in it |",
+           "|---|---:|---|" + "---:|" * 5]
+    for r in rows:
+        t, p = r.get("ttft_ms") or {}, r.get("postprocessing_ms") or {}
+        out.append(f"| {r['mode']} | {r['streams']} | {r['setting']} | {_f(t.get('local'))} "
+                   f"| {_f(t.get('served'))} | {_pct(r.get('start_share'))} "
+                   f"| {_f(p.get('queue'), '.2f')} | {_f(p.get('busy'), '.2f')} |")
     return "\n".join(out)

@@ -7,8 +7,10 @@ import time
 
 from clients import GrpcClient, run_streams
 from progress import log
-from server import TARGET, Server, settle_metrics
+from server import TARGET, TRITON_PHASES, Server, settle_metrics
 from sim_plan import Mode, Setting, seed_of
+
+POSTPROCESSING = "postprocessing"
 
 
 class SampledClient(GrpcClient):
@@ -86,6 +88,7 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
         streams: int) -> dict:
     before, (sizes_before, compute_before) = server.metrics(), server.batch_stats(TARGET)
+    post_before = server.model_stats((POSTPROCESSING,))[POSTPROCESSING]
     sim_before = _published(server)
     cpu_before, client_before = server.cpu_seconds(), time.process_time()
     reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
@@ -101,6 +104,9 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
     sizes = {} if server.hosted else {b: n - sizes_before.get(b, 0)
                                       for b, n in sorted(sizes_after.items())}
     executions = sum(sizes.values())
+    post = {key: n - post_before[key]
+            for key, n in server.model_stats((POSTPROCESSING,))[POSTPROCESSING].items()}
+    ttfts = [r.ttft_s for r in reqs if r.ttft_s is not None]
     out = {"tokens": tokens, "wall_s": wall, "request_s": sum(r.total_s for r in reqs),
            "rounds": d.get("specdec_rounds_total", 0.0),
            "draft_s": d.get("specdec_draft_latency_seconds_sum", 0.0),
@@ -121,6 +127,11 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
                                      "specdec_target_batches_total") if server.hosted else None,
            "target_batch_sizes": {b: n for b, n in sizes.items() if n},
            "cpu_s": cpu,
+           "requests": len(reqs), "ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
+           # every streamed response passes through postprocessing's one instance in turn:
+           # its wait there and its time in it, summed over the run's responses
+           "postprocessing": {"responses": post["count"], "queue_s": post["queue"] / 1e9,
+                              "busy_s": sum(post[k] for k in TRITON_PHASES[1:]) / 1e9},
            # against a target call in process: the device's time, or the CPU's
            "target_execution_s": (compute_after - compute_before) / executions
            if executions else None}

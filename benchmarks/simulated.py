@@ -30,7 +30,7 @@ from progress import log
 from pyspy import Profiler
 from server import default_max_seq_len, exit_on_sigterm
 from sim_plan import parse
-from sim_report import cpu_table, row, table
+from sim_report import cpu_table, row, start_table, table
 
 
 def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool,
@@ -134,6 +134,9 @@ def _report(args, results: dict) -> None:
     cpu = cpu_table(rows)
     if cpu:
         print(f"\nCPU ms per token by process, and cores busy\n\n{cpu}")
+    start = start_table(rows)
+    if start:
+        print(f"\nA request's start, and postprocessing\n\n{start}")
     if args.out:
         args.out.write_text(json.dumps({"argv": sys.argv, "machine": machine(),
                                         "git": git_state(), "rows": rows}, indent=1))

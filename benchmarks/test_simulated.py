@@ -115,6 +115,25 @@ def test_report_splits_the_overhead():
     assert sim_report._sizes({"3": 4, "1": 5}) == "1:5 3:4" and sim_report._sizes(None) == "-"
 
 
+def test_report_splits_a_requests_start_from_its_rounds():
+    """Two requests a side: served each took 0.125 s more, 0.1 of it before the first token;
+    postprocessing's wait and time a response from Triton's sums."""
+    local = {**side(100, 1.0, 1.0, 50, 0.3, 0.5), "requests": 2, "ttft_s": 0.02}
+    served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "requests": 2, "ttft_s": 0.12,
+              "bls_calls_per_round": {}, "postprocessing": {"responses": 100, "queue_s": 0.2, "busy_s": 0.05}}
+    r = sim_report.row("greedy", 16, "target-only", {"local": local, "served": served})
+    assert r["ttft_ms"] == pytest.approx({"local": 20.0, "served": 120.0})
+    assert r["start_share"] == pytest.approx(0.8)
+    assert r["postprocessing_ms"] == pytest.approx({"queue": 2.0, "busy": 0.5})
+    assert sim_report.start_table([r]).endswith(
+        "| 16 | target-only | 20.0 | 120.0 | 80 % | 2.00 | 0.50 |")
+    # A run from before these fields (or in process only): no table, no share.
+    old = sim_report.row("greedy", 1, "target-only", {
+        "local": side(1, 1, 1, 1, 0, 1), "served": {**side(1, 1, 1, 1, 0, 1),
+                                                    "bls_calls_per_round": {}}})
+    assert sim_report.start_table([old]) == "" and "start_share" not in old
+
+
 def test_no_projection_below_minus_the_x1_round():
     """An overhead below minus the in-process round at x1 (a CPU-paced in-process side) would
     project a negative or infinite served round: no figure, n/a."""
