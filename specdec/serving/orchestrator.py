@@ -6,9 +6,10 @@ FINAL flag, after success, an error or a cancellation.
 Cancellation: a request cancelled by its client ends within CANCEL_CHECK_S and two rounds.
 Inside the ensemble this model's request is never the cancelled one (Triton checks an
 ensemble's cancellation between its steps, and this step runs from the first token to the
-last): there postprocessing sees the cancellation on the next response's step and sends a
-control request, `cancel_generation` with the generation id every response carries, which
-ends the generation at its next round.
+last): there postprocessing sees the cancellation on a later response's step (it asks a
+generation at most every 0.1 s, bls.CancelForwarder) and sends a control request,
+`cancel_generation` with the generation id every response carries, which ends the generation
+at its next round.
 """
 from __future__ import annotations
 

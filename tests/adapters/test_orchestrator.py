@@ -540,7 +540,7 @@ def test_postprocessing_forwards_a_cancellation_once_per_generation():
     from specdec.serving.bls import CancelForwarder
 
     pb = _StubPb()
-    forward = CancelForwarder(pb, remember=2)
+    forward = CancelForwarder(pb, remember=2, every_s=0.0)
     live = fake_pb.Request({names.OUTPUT_IDS: np.array([1], np.int32)})
     gone = fake_pb.Request({names.OUTPUT_IDS: np.array([1], np.int32)},
                            cancelled=lambda sender: True)
@@ -551,6 +551,40 @@ def test_postprocessing_forwards_a_cancellation_once_per_generation():
     assert len(forward.sent) == 2                                  # it forgets the oldest
     failing = CancelForwarder(_StubPb(fail=True))
     assert not failing.check(gone, 7)                              # never the step's error
+
+
+def test_postprocessing_asks_each_generation_at_most_every_interval():
+    """is_cancelled() is a round trip to the server on postprocessing's one instance: asked of a
+    generation's first response, then once an interval has passed; never of a final response,
+    which forgets the generation."""
+    from specdec.serving.bls import CancelForwarder
+
+    now, asked, gone = [0.0], [], set()
+    pb = _StubPb()
+    forward = CancelForwarder(pb, remember=3, every_s=0.1, clock=lambda: now[0])
+
+    def request(gid):
+        def cancelled(sender):
+            asked.append(gid)
+            return gid in gone
+        return fake_pb.Request({names.OUTPUT_IDS: np.array([1], np.int32)}, cancelled=cancelled)
+
+    assert not forward.check(request(1), 1) and not forward.check(request(2), 2)
+    now[0] = 0.05
+    gone.add(1)   # the client leaves: seen once the interval has passed, not before
+    assert not forward.check(request(1), 1) and not forward.check(request(2), 2)
+    assert asked == [1, 2]
+    now[0] = 0.11
+    assert forward.check(request(1), 1) and not forward.check(request(2), 2)
+    assert asked == [1, 2, 1, 2]
+    assert pb.sent == [{names.INPUT_IDS: [], names.CANCEL_GENERATION: [1]}]
+    assert not forward.check(request(1), 1)   # sent: never asked again
+    assert not forward.check(request(2), 2, final=True) and 2 not in forward.asked
+    now[0] = 0.12
+    assert not forward.check(request(2), 2)  # a new id's first response (or one forgotten) asks
+    for gid in (3, 4, 5):
+        forward.check(request(gid), gid)
+    assert list(forward.asked) == [3, 4, 5] and asked == [1, 2, 1, 2, 2, 3, 4, 5]
 
 
 def test_every_generation_can_have_a_bls_call_in_flight(serving):

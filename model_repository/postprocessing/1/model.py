@@ -27,11 +27,12 @@ class TritonPythonModel:
             try:
                 i = read_inputs(pb_utils, request, (names.OUTPUT_IDS, names.PREFIX_LENGTH,
                                                     names.IS_FINAL, names.GENERATION_ID))
+                final = bool(i[names.IS_FINAL].reshape(-1)[0])
                 if names.GENERATION_ID in i:   # cancelled: the client left, end its generation
-                    self.cancels.check(request, int(i[names.GENERATION_ID].reshape(-1)[0]))
+                    self.cancels.check(request, int(i[names.GENERATION_ID].reshape(-1)[0]),
+                                       final)
                 text = piece(self._decode, i[names.OUTPUT_IDS].reshape(-1).tolist(),
-                             int(i[names.PREFIX_LENGTH].reshape(-1)[0]),
-                             bool(i[names.IS_FINAL].reshape(-1)[0]))
+                             int(i[names.PREFIX_LENGTH].reshape(-1)[0]), final)
                 out = pb_utils.Tensor(names.TEXT_OUTPUT, np.array([text.encode()], object))
                 responses.append(pb_utils.InferenceResponse([out]))
             except Exception as exc:
