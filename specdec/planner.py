@@ -9,15 +9,14 @@ import time
 from dataclasses import dataclass
 
 from .estimates import PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts
-from .policy import Adaptive, Fixed, Policy, rates
+from .policy import Adaptive, Fixed, Policy, argmax, rates
 from .records import DRAFTING, IN_TARGET, Proposer, Round
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.
 _LEVELS = 8
-# At load the batch's width (Planner.width) is the narrowest k whose expected tokens a second
-# are within this of the best k's: past the best, E(k)/T(k) is nearly flat, and estimates that
-# wander moved an argmax every batch, or (held until another k gained this much) up and no
-# further.
+# At load the batch's width (Planner.width) moves to another k only where that k's expected
+# tokens a second beat the width's by this much: where E(k)/T(k) is flat, estimates that wander
+# moved it every batch, and rows that read it apart split one batch between two widths.
 WIDTH_MARGIN = 0.03
 
 def _level(active: int) -> int:
@@ -103,20 +102,14 @@ class Planner:
         less: auto 0.87x of K=4 on the H200's table, 0.94x with one width (docs/benchmarks.md,
         "One width a batch"). One k for all, from the server's acceptance and the load's costs
         (E(k)/T(k) summed over alike rows is one row's times their number), recomputed once a
-        batch (as many rounds observed as there are rows): the narrowest k within WIDTH_MARGIN
-        of the best. Past the best the rate is nearly flat, and positions not yet drafted are
-        guessed (each like the last one drafted): a width kept until another k beat it by the
-        margin drifted up with the guesses and stayed, 5.2 wide for a best fixed k of 4 (auto
-        0.92-0.94x of K=4 served at the H200's step times, 16 streams; tests/core/
-        test_policy.py). A width below that k stays while within twice the margin, so that a
-        k at the edge of it does not flip every batch."""
+        batch (as many rounds observed as there are rows) and kept unless another k beats it
+        by WIDTH_MARGIN."""
         kept = self.widths.get(proposer)
         if kept is not None and self.rounds_seen - kept[1] < max(self.active, 1):
             return kept[0]
         rate = rates(self.server_acceptance(proposer), self.costs_now(), proposer)
-        top = max(rate)
-        k = next(j for j, r in enumerate(rate) if r * (1 + WIDTH_MARGIN) >= top)
-        if kept is not None and kept[0] < k and rate[kept[0]] * (1 + 2 * WIDTH_MARGIN) >= top:
+        k = argmax(rate)
+        if kept is not None and rate[k] < (1 + WIDTH_MARGIN) * rate[kept[0]]:
             k = kept[0]
         self.widths[proposer] = (k, self.rounds_seen)
         return k
