@@ -28,11 +28,12 @@ class Mode:
 
 
 def settings(k: int) -> list[Setting]:
-    """Target-only, the draft model at a fixed k and auto, the EAGLE-3 head at k; hybrid (the
+    """Target-only, the draft model and the EAGLE-3 head at a fixed k and auto; hybrid (the
     default proposer where a head is served: lookup, else the head) at k and auto, run only
     when --proposers names it."""
     return [Setting("target-only", None, 0), Setting(f"draft K={k}", "draft", k),
             Setting("draft auto", "draft", AUTO), Setting(f"eagle K={k}", "eagle", k),
+            Setting("eagle auto", "eagle", AUTO),
             Setting(f"hybrid K={k}", "hybrid", k), Setting("hybrid auto", "hybrid", AUTO)]
 
 

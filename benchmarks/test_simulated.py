@@ -19,7 +19,8 @@ def test_default_plan():
     assert [m.name for m in args.mode_list] == ["greedy", "sampled"]
     assert [(s.label, s.proposer, s.k) for s in args.setting_list] == [
         ("target-only", None, 0), ("draft K=4", "draft", 4),
-        ("draft auto", "draft", sim_plan.AUTO), ("eagle K=4", "eagle", 4)]
+        ("draft auto", "draft", sim_plan.AUTO), ("eagle K=4", "eagle", 4),
+        ("eagle auto", "eagle", sim_plan.AUTO)]
     assert args.table.is_file() and args.head.is_dir() and args.scale == 1.0
     assert sim_plan.parse(["--scale", "4"]).scale == 4.0
     assert sim_plan.parse(["--table", "none"]).table is None and not args.servers_in_turn
