@@ -121,7 +121,8 @@ def test_report_splits_a_requests_start_from_its_rounds():
     postprocessing's wait and time a response from Triton's sums."""
     local = {**side(100, 1.0, 1.0, 50, 0.3, 0.5), "requests": 2, "ttft_s": 0.02}
     served = {**side(100, 1.25, 1.25, 50, 0.35, 0.6), "requests": 2, "ttft_s": 0.12,
-              "bls_calls_per_round": {}, "postprocessing": {"responses": 100, "queue_s": 0.2, "busy_s": 0.05}}
+              "bls_calls_per_round": {},
+              "postprocessing": {"responses": 100, "queue_s": 0.2, "busy_s": 0.05}}
     r = sim_report.row("greedy", 16, "target-only", {"local": local, "served": served})
     assert r["ttft_ms"] == pytest.approx({"local": 20.0, "served": 120.0})
     assert r["start_share"] == pytest.approx(0.8)

@@ -59,11 +59,11 @@ class CancelForwarder:
     as it would without this.
 
     request.is_cancelled() is a round trip to the server process, asked of a generation at most
-    every `every_s` (its first response asks at once). Asked of every response, it was a third
-    of the one postprocessing instance's time a response (compute_infer 0.42 of 0.6 ms, 0.27
-    without it): at 16 streams on a GPU, where every response of every stream passes through
-    that instance in turn, its queue held each token 1.9 ms (0.6 without; docs/benchmarks.md,
-    "Postprocessing asks for cancellations less often")."""
+    every `every_s` (its first response asks at once). Every response of every stream passes
+    through postprocessing's one instance in turn: at 16 streams at the H200's step times,
+    asked of each response, a response waited 1.65-1.99 ms for it and took 0.56 ms in it;
+    asked every 0.1 s, 0.48-1.02 and 0.40-0.46 (docs/benchmarks.md, "A request's start at 16
+    streams, and postprocessing's queue")."""
 
     def __init__(self, pb, model_name: str = names.ORCHESTRATOR, remember: int = 4096,
                  every_s: float = 0.1, clock: Callable[[], float] = time.monotonic):
