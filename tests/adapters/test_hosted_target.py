@@ -14,7 +14,7 @@ from specdec.serving.orchestrator import Orchestrator
 from specdec.serving.settings import InTargetSettings, OrchestratorSettings, SettingsError
 from tests.adapters import fake_pb
 from tests.adapters.conftest import MAX_SEQ_LEN, engine_config, orchestrator_request, run_all
-from tests.adapters.test_orchestrator import PROMPTS, assert_one_final, output_ids
+from tests.adapters.responses import PROMPTS, assert_one_final, output_ids
 
 
 def hosted_config(checkpoints, max_sequences: int = 4) -> dict:

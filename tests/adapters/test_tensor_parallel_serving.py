@@ -8,7 +8,7 @@ from specdec import names, parallel
 from specdec.serving import calls, recovery
 from tests.adapters import fake_pb
 from tests.adapters.conftest import orchestrator_request, run_all
-from tests.adapters.test_orchestrator import output_ids
+from tests.adapters.responses import output_ids
 
 PROMPTS = [[5, 9, 11, 3], [7, 7, 2], [40, 41, 42, 43, 44, 45], [13]]
 
