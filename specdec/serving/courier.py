@@ -30,17 +30,40 @@ class Courier:
         # One thread: one order, so a request's responses, and the counters its final response
         # promises a client, arrive as they were posted.
         self._queue: queue.SimpleQueue | None = queue.SimpleQueue() if threaded else None
+        self._held: list[tuple] = []   # posted this event-loop turn (post)
         if self._queue is not None:
             threading.Thread(target=self._run, name="courier", daemon=True).start()
 
     def post(self, fn: Callable, *args, **kwargs) -> None:
         """fn(*args, **kwargs) after everything posted before it; a failure is logged, not
         raised: the caller has moved on (a request whose client is gone ends on its
-        cancellation)."""
+        cancellation).
+
+        Posted on an event loop, it is held until the callbacks already waiting there have
+        run. A round's rows go on one after another, each posting its response as it takes
+        its verdict, and the courier's Python (each response's tensors, under the GIL) slowed
+        the rows still to go; released after them, it runs while the batch they made is on
+        the device. 16 streams at the H200's step times x 4: a served round cost 0.37 ms more
+        than in process, 0.26 with the hold (four interleaved pairs; docs/benchmarks.md,
+        "Responses held to the end of the loop's turn"). A response leaves after the rows
+        behind it in that turn have gone on, a fraction of a millisecond, every response
+        alike: the gaps between a stream's tokens stay."""
         if self._queue is None:
             fn(*args, **kwargs)
-        else:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:      # off any event loop: at once
             self._queue.put((fn, args, kwargs))
+            return
+        self._held.append((fn, args, kwargs))
+        if len(self._held) == 1:
+            loop.call_soon(self._release)
+
+    def _release(self) -> None:
+        held, self._held = self._held, []
+        for message in held:
+            self._queue.put(message)
 
     async def settle(self) -> None:
         """Returns once everything posted before it was done."""

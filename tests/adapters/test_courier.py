@@ -51,3 +51,25 @@ def test_unthreaded_posts_run_at_once():
     ran = []
     Courier(threaded=False).post(ran.append, 1)
     assert ran == [1]
+
+
+def test_posts_on_an_event_loop_wait_for_its_turn_to_end():
+    """A round's rows post their responses one after another as they go on: the courier starts
+    on them once the turn ends, not while the rows still to go need the GIL. Off any event loop
+    a post goes at once."""
+    import time
+    courier = Courier(threaded=True)
+    ran = []
+
+    async def main():
+        courier.post(ran.append, 1)
+        courier.post(ran.append, 2)
+        time.sleep(0.05)               # the turn goes on: nothing has reached the courier
+        held = list(ran)
+        await courier.settle()
+        return held
+
+    assert asyncio.run(main()) == [] and ran == [1, 2]
+    off = threading.Event()
+    courier.post(off.set)
+    assert off.wait(5)
