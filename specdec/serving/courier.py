@@ -31,6 +31,7 @@ class Courier:
         # promises a client, arrive as they were posted.
         self._queue: queue.SimpleQueue | None = queue.SimpleQueue() if threaded else None
         self._held: list[tuple] = []   # posted this event-loop turn (post)
+        self._held_on: asyncio.AbstractEventLoop | None = None   # that turn's loop
         if self._queue is not None:
             threading.Thread(target=self._run, name="courier", daemon=True).start()
 
@@ -56,12 +57,15 @@ class Courier:
         except RuntimeError:      # off any event loop: at once
             self._queue.put((fn, args, kwargs))
             return
+        if self._held and self._held_on is not loop:
+            self._release()   # held on a loop that closed before it released them
         self._held.append((fn, args, kwargs))
         if len(self._held) == 1:
+            self._held_on = loop
             loop.call_soon(self._release)
 
     def _release(self) -> None:
-        held, self._held = self._held, []
+        held, self._held, self._held_on = self._held, [], None
         for message in held:
             self._queue.put(message)
 

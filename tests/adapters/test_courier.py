@@ -73,3 +73,26 @@ def test_posts_on_an_event_loop_wait_for_its_turn_to_end():
     off = threading.Event()
     courier.post(off.set)
     assert off.wait(5)
+
+
+def test_posts_held_on_a_loop_that_closed_go_with_the_next_post():
+    """A loop that ends right after a post never runs the release it scheduled: the next post,
+    on another loop, sends them first, in order."""
+    courier = Courier(threaded=True)
+    ran = []
+    loop = asyncio.new_event_loop()
+
+    def last_words():
+        courier.post(ran.append, 1)
+        loop.stop()   # the loop ends with this batch of callbacks: the release never runs
+
+    loop.call_soon(last_words)
+    loop.run_forever()
+    loop.close()
+
+    async def later():
+        courier.post(ran.append, 2)
+        await asyncio.wait_for(courier.settle(), 5)   # held behind the lost release: never
+
+    asyncio.run(later())
+    assert ran == [1, 2]
