@@ -28,7 +28,7 @@ from progress import log
 from specdec.serving import procs
 
 ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
-DRAFT, TARGET = "draft_model", "target_model"
+DRAFT, TARGET, POSTPROCESSING = "draft_model", "target_model", "postprocessing"
 TRITON_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 

@@ -7,10 +7,8 @@ import time
 
 from clients import GrpcClient, run_streams
 from progress import log
-from server import TARGET, TRITON_PHASES, Server, settle_metrics
+from server import POSTPROCESSING, TARGET, TRITON_PHASES, Server, settle_metrics
 from sim_plan import Mode, Setting, seed_of
-
-POSTPROCESSING = "postprocessing"
 
 
 class SampledClient(GrpcClient):
