@@ -45,7 +45,8 @@ class TimingStreamer:
 
 
 def hf_run(label: str, model, tokenizer, prompts: list[tuple[int, str]], lengths: dict[int, int],
-           device, assistant, warmup: int, sync) -> tuple[list[Req], list[list[int]]]:
+           device, assistant, warmup: int, sync,
+           progress: bool = True) -> tuple[list[Req], list[list[int]]]:
     import torch
     streamer = TimingStreamer(sync)
     eos = tokenizer.eos_token_id
@@ -77,7 +78,8 @@ def hf_run(label: str, model, tokenizer, prompts: list[tuple[int, str]], lengths
         r, new = one(i, p, lengths[i])
         reqs.append(r)
         outs.append(new)
-        log(f"{label}: {len(reqs)}/{len(prompts)} prompts, {r.tokens / r.total_s:.1f} tok/s")
+        if progress:
+            log(f"{label}: {len(reqs)}/{len(prompts)} prompts, {r.tokens / r.total_s:.1f} tok/s")
     return reqs, outs
 
 
