@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import queue
 import socket
 import subprocess
@@ -43,16 +44,18 @@ def free_port() -> int:
 
 
 class Gateway:
-    """`specdec openai` in front of the server, on a free port."""
+    """`specdec openai` in front of the server, on a free port. env: the server's SPECDEC_*
+    settings, which the gateway reads as the server does (its limits, what it drafts with)."""
 
-    def __init__(self, grpc_url: str, workdir: Path):
+    def __init__(self, grpc_url: str, workdir: Path, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "gateway.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "specdec.cli", "openai", "--grpc-url", grpc_url,
-                 "--port", str(self.port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                 "--port", str(self.port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 120
         while not self._live():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -80,10 +83,17 @@ class OpenAIClient:
         self.gateway = gateway
         self.client = httpx2.Client(base_url=gateway.url + "/v1", timeout=300)
 
-    def request(self, prompt: str, index: int, k: int, max_tokens: int) -> Req:
+    def body(self, prompt: str, k: int, max_tokens: int, proposer: str | None) -> dict:
+        """A streamed greedy completion; num_draft_tokens and proposer are the gateway's
+        extensions (docs/openai.md)."""
         body = {"model": self.gateway.model, "prompt": prompt, "max_tokens": max_tokens,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                 "num_draft_tokens": k}
+        return body if proposer is None else {**body, "proposer": proposer}
+
+    def request(self, prompt: str, index: int, k: int, max_tokens: int,
+                proposer: str | None = None) -> Req:
+        body = self.body(prompt, k, max_tokens, proposer)
         times, pieces, tokens, finish = [], [], 0, None
         t0 = time.perf_counter()
         with self.client.sse("/completions", method="POST", json=body) as events:
@@ -166,7 +176,7 @@ def main(argv=None) -> int:
     prompts = load_prompts(DEFAULT_PROMPTS, args.prompts)
     runs: dict[str, list[Req]] = {}
     with Server() as server:
-        gateway = Gateway(server.grpc_url, server.workdir)
+        gateway = Gateway(server.grpc_url, server.workdir, server.env)
         try:
             sides = {"gRPC": lambda: GrpcClient(server.grpc_url),
                      "OpenAI": lambda: OpenAIClient(gateway)}

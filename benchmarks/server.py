@@ -53,7 +53,7 @@ def _proc_tree(pid: int) -> list[int]:
     return out
 
 
-def _cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int) -> float:
     """User and system CPU seconds a process has used."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -174,7 +174,7 @@ class Server:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds each of the server's processes has used, by model (a backend stub) or
         "tritonserver"; take differences over a run."""
-        return {name: _cpu_s(pid)
+        return {name: process_cpu_s(pid)
                 for name, pid in procs.server_processes(self.proc.pid).items()}
 
     def metrics(self) -> dict[str, float]:

@@ -89,6 +89,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--proposers", default="none,draft,eagle",
                     help="the settings to run, by proposer (none: target-only; hybrid: lookup, "
                          "else the head)")
+    ap.add_argument("--gateway", action="store_true",
+                    help="every setting also through `specdec openai` in front of the first "
+                         "placement's server (streamed completions; the gateway calls "
+                         "speculative_decoding with token ids)")
     ap.add_argument("--quick", action="store_true",
                     help="a fast check: 2 prompts, 16 tokens, 1 and 2 streams, greedy")
     ap.add_argument("--out", type=Path, help="also write every figure as JSON")

@@ -1,13 +1,16 @@
-"""The same requests through a real tritonserver (the ensemble over gRPC streaming) whose
-draft_model and target_model are padded to the simulated device ($SPECDEC_SIMULATE)."""
+"""The same requests through a real tritonserver (the ensemble over gRPC streaming, or
+`specdec openai` in front of it) whose engines are padded to the simulated device
+($SPECDEC_SIMULATE)."""
 from __future__ import annotations
 
 import queue
 import time
 
 from clients import GrpcClient, run_streams
+from gateway import Gateway, OpenAIClient
 from progress import log
-from server import POSTPROCESSING, TARGET, TRITON_PHASES, Server, settle_metrics
+from server import (POSTPROCESSING, TARGET, TRITON_PHASES, Server, process_cpu_s,
+                    settle_metrics)
 from sim_plan import Mode, Setting, seed_of
 
 
@@ -26,6 +29,20 @@ class SampledClient(GrpcClient):
             max_tokens=max_tokens, temperature=self.mode.temperature,
             seed=seed_of(prompt) if sampled else None, num_draft_tokens=k, proposer=proposer),
             True, self.ranks)
+
+
+class SampledOpenAIClient(OpenAIClient):
+    """OpenAIClient with the mode's temperature and the prompt's seed: streamed completions
+    through the gateway, which calls speculative_decoding with token ids (no ensemble)."""
+
+    def __init__(self, gateway: Gateway, mode: Mode):
+        super().__init__(gateway)
+        self.mode = mode
+
+    def body(self, prompt, k, max_tokens, proposer):
+        body = {**super().body(prompt, k, max_tokens, proposer),
+                "temperature": self.mode.temperature}
+        return {**body, "seed": seed_of(prompt)} if self.mode.temperature > 0 else body
 
 
 def start(args, max_sequences: int, max_seq_len: int, placement: str = "auto") -> Server:
@@ -58,7 +75,7 @@ def _published(server: Server) -> dict[str, float]:
     return simulate.published(server.device_dir)
 
 
-def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
+def _send(make_client, prompts: list[str], setting: Setting, max_tokens: int,
           streams: int) -> tuple[list, float]:
     todo: queue.Queue = queue.Queue()
     for i, p in enumerate(prompts):
@@ -78,22 +95,27 @@ def _send(url: str, prompts: list[str], setting: Setting, mode: Mode, max_tokens
         finally:
             client.close()
 
-    wall = run_streams([SampledClient(url, mode) for _ in range(streams)], worker, errors,
-                       setting.label)
+    wall = run_streams([make_client() for _ in range(streams)], worker, errors, setting.label)
     return done, wall
 
 
 def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_tokens: int,
-        streams: int) -> dict:
+        streams: int, gateway: Gateway | None = None) -> dict:
+    """gateway: through `specdec openai` in front of server, else the ensemble over gRPC."""
     before, (sizes_before, compute_before) = server.metrics(), server.batch_stats(TARGET)
     post_before = server.model_stats((POSTPROCESSING,))[POSTPROCESSING]
     sim_before = _published(server)
     cpu_before, client_before = server.cpu_seconds(), time.process_time()
-    reqs, wall = _send(server.grpc_url, prompts, setting, mode, max_tokens, streams)
+    gateway_before = process_cpu_s(gateway.proc.pid) if gateway else 0.0
+    make = (lambda: SampledOpenAIClient(gateway, mode)) if gateway else (
+        lambda: SampledClient(server.grpc_url, mode))
+    reqs, wall = _send(make, prompts, setting, max_tokens, streams)
     # CPU seconds of each server process and of this one (the streams' client threads): on
     # a GPU host, where the compute leaves the cores to serving, which process is busy
     cpu = {name: s - cpu_before.get(name, 0.0) for name, s in server.cpu_seconds().items()}
     cpu["client"] = time.process_time() - client_before
+    if gateway:
+        cpu["gateway"] = process_cpu_s(gateway.proc.pid) - gateway_before
     sim = {key: value - sim_before[key] for key, value in _published(server).items()}
     tokens = sum(r.tokens for r in reqs)
     d = settle_metrics(server, before, tokens)
@@ -133,5 +155,6 @@ def run(server: Server, prompts: list[str], setting: Setting, mode: Mode, max_to
            # against a target call in process: the device's time, or the CPU's
            "target_execution_s": (compute_after - compute_before) / executions
            if executions else None}
-    log(f"served {mode.name} x{streams} {setting.label}: {tokens / wall:.1f} tok/s")
+    via = " through the gateway" if gateway else ""
+    log(f"served {mode.name} x{streams} {setting.label}{via}: {tokens / wall:.1f} tok/s")
     return out

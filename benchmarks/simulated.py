@@ -34,7 +34,7 @@ from sim_report import cpu_table, row, start_table, table
 
 
 def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, named: bool,
-               spy: Profiler):
+               spy: Profiler, gateway=None):
     """Each setting in process and served back to back (a server idles while this process
     computes), so a change of load on the machine touches both sides alike; with several
     placements, the draft model's on each server in turn (every setting on one whose target is
@@ -68,6 +68,14 @@ def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, nam
                                         _spied(server)):
                             r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
                                                          args.max_tokens, streams)
+                    if gateway and server is next(iter(servers.values())):
+                        r = results.setdefault((mode.name, streams, f"{label} via OpenAI"), {})
+                        if local_r:
+                            r["local"] = local_r
+                        sim_served.run(server, texts[:warm], s, mode, args.max_tokens, streams,
+                                       gateway)
+                        r["served"] = sim_served.run(server, texts[:n(streams)], s, mode,
+                                                     args.max_tokens, streams, gateway)
 
 
 SPIED = ("speculative_decoding", "postprocessing")
@@ -105,15 +113,22 @@ def main(argv=None) -> int:
             local = sim_inproc.Local(args, streams_max, max_seq_len)
         for group in groups:
             servers = {}     # placement -> Server
+            gateway = None   # `specdec openai` in front of the first
             try:
                 if args.only in ("both", "served"):
                     import sim_served
                     for placement in group:
                         servers[placement] = sim_served.start(args, streams_max, max_seq_len,
                                                               placement)
+                    if args.gateway:
+                        first = next(iter(servers.values()))
+                        gateway = sim_served.Gateway(first.grpc_url, first.workdir, first.env)
                 _run_group(args, prompts, texts, local, servers, results, n,
-                           named=len(groups) > 1, spy=Profiler(args.py_spy, args.profile_dir))
+                           named=len(groups) > 1, spy=Profiler(args.py_spy, args.profile_dir),
+                           gateway=gateway)
             finally:
+                if gateway:
+                    gateway.stop()
                 for server in servers.values():
                     server.stop()
     finally:   # stopped early (a timeout's SIGTERM, ^C): what was measured, still reported

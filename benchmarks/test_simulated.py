@@ -181,3 +181,24 @@ def test_a_table_from_costs_output(tmp_path):
                                  "propose_ms": {"4": 4.0}}
     assert t["prefill_ms_per_token"] == {"target": 0.03, "draft": 0.005}
     sim_tables.write(t, tmp_path / "table.json")
+
+
+def test_the_gateway_client_sends_the_modes_temperature_and_the_prompts_seed():
+    from types import SimpleNamespace
+
+    from sim_served import SampledOpenAIClient
+    gateway = SimpleNamespace(url="http://127.0.0.1:9", model="target")   # never connected
+    greedy = SampledOpenAIClient(gateway, sim_plan.Mode("greedy", 0.0))
+    sampled = SampledOpenAIClient(gateway, sim_plan.Mode("sampled", 0.7))
+    try:
+        body = greedy.body("Once", 4, 16, "draft")
+        assert (body["temperature"], body["num_draft_tokens"], body["proposer"]) == (0.0, 4,
+                                                                                    "draft")
+        assert "seed" not in body and body["stream"] is True
+        body = sampled.body("Once", -1, 16, None)
+        assert (body["temperature"], body["seed"]) == (0.7, sim_plan.seed_of("Once"))
+        assert "proposer" not in body   # absent: the server's default proposer
+    finally:
+        greedy.close()
+        sampled.close()
+
