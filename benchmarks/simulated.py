@@ -38,7 +38,8 @@ def _run_group(args, prompts, texts, local, servers: dict, results: dict, n, nam
     """Each setting in process and served back to back (a server idles while this process
     computes), so a change of load on the machine touches both sides alike; with several
     placements, the draft model's on each server in turn (every setting on one whose target is
-    hosted: auto, orchestrator). named: the placement in every label (servers in turn)."""
+    hosted: auto, orchestrator). named: the placement in every label (servers in turn).
+    gateway: `specdec openai` in front of the first server, every setting through it as well."""
     for mode in args.mode_list:
         for streams in args.stream_counts:
             for s in args.setting_list:
