@@ -91,12 +91,13 @@ class Server:
     """A tritonserver of our own (its own process group, ports and backend directory), ready
     when the constructor returns. Only the SPECDEC_* variables given here reach it: the model
     pair, slots and slot length, then `env` (e.g. {"SPECDEC_SPEC_OFF_AT": "65"}) over them.
-    The log stays in workdir (a new temporary directory by default)."""
+    The log stays in workdir (a new temporary directory by default). args: more tritonserver
+    options (the launcher passes on what it does not know, e.g. --trace-config)."""
 
     def __init__(self, target: Path = DEFAULT_TARGET, draft: Path = DEFAULT_DRAFT,
                  max_sequences: int = 16, max_seq_len: int | None = None,
                  env: dict[str, str] | None = None, startup_timeout_s: float = 900.0,
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, args: tuple[str, ...] = ()):
         if max_seq_len is None:
             max_seq_len = default_max_seq_len(target, draft)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="specdec-bench-"))
@@ -109,7 +110,8 @@ class Server:
         self.env = {k: v for k, v in full.items() if k.startswith("SPECDEC_")}
         cmd = [sys.executable, "-m", "specdec.serving.launch", f"--http-port={self.http}",
                f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics_port}",
-               f"--backend-directory={self.workdir / 'backends'}", "--exit-timeout-secs=10"]
+               f"--backend-directory={self.workdir / 'backends'}", "--exit-timeout-secs=10",
+               *args]
         log(f"starting tritonserver (HTTP {self.http}, gRPC {self.grpc}, metrics "
             f"{self.metrics_port}), log {self.log_path}")
         with open(self.log_path, "wb") as out:

@@ -1,0 +1,115 @@
+"""Where a served request's first token goes: Triton's own trace (`--trace-config
+level=TIMESTAMPS`) of one-token requests sent one at a time to the ensemble over gRPC
+streaming, as a timeline from the moment tritonserver has read the request: preprocessing,
+speculative_decoding's execute (which starts the generation and returns), the response's arrival
+at postprocessing, the gRPC send. Beside it the engine's prefill (the round's verification, from
+the server's metrics) and the client's time to first token.
+
+    .venv/bin/python benchmarks/first_token.py [--prompts 32] [--target DIR --draft DIR]
+
+On a GPU host the same command shows what the server adds to a prefill there; on this CPU the
+prefill is the engine's own slow compute.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from clients import GrpcClient
+from inputs import DEFAULT_PROMPTS, add_pair_arguments, load_prompts
+from progress import log
+from server import Server, exit_on_sigterm
+
+# (label, model, Triton's timestamp), in the order a request passes them; model None: the
+# ensemble's own (its gRPC request).
+STAGES = (
+    ("preprocessing queued", "preprocessing", "QUEUE_START"),
+    ("preprocessing done", "preprocessing", "REQUEST_END"),
+    ("speculative_decoding received", "speculative_decoding", "REQUEST_START"),
+    ("speculative_decoding's execute returned", "speculative_decoding", "COMPUTE_END"),
+    ("first response at postprocessing", "postprocessing", "REQUEST_START"),
+    ("postprocessing done", "postprocessing", "REQUEST_END"),
+    ("gRPC send started", None, "GRPC_SEND_START"),
+    ("gRPC send ended", None, "GRPC_SEND_END"),
+)
+
+
+def timelines(trace: list[dict]) -> list[dict[str, float]]:
+    """Each ensemble request's STAGES in ms after GRPC_WAITREAD_END (tritonserver has read it),
+    from Triton's trace file (a list of {"id", "model_name", "parent_id"} and {"id",
+    "timestamps"} entries), in the order they arrived; the first postprocessing request is the
+    first response's."""
+    models: dict[int, dict] = {}
+    stamps: dict[int, dict[str, int]] = {}
+    for entry in trace:
+        if "model_name" in entry:
+            models[entry["id"]] = entry
+        for t in entry.get("timestamps", []):
+            stamps.setdefault(entry["id"], {}).setdefault(t["name"], t["ns"])
+    out = []
+    for root, entry in models.items():
+        if entry.get("parent_id") is not None or "GRPC_WAITREAD_END" not in stamps.get(root, {}):
+            continue
+        children: dict[str, dict[str, int]] = {}
+        for i, child in models.items():
+            if child.get("parent_id") == root and i in stamps:
+                seen = children.get(child["model_name"])
+                if seen is None or stamps[i]["REQUEST_START"] < seen["REQUEST_START"]:
+                    children[child["model_name"]] = stamps[i]
+        t0 = stamps[root]["GRPC_WAITREAD_END"]
+        try:
+            out.append((t0, {label: ((children[model] if model else stamps[root])[name] - t0)
+                             / 1e6 for label, model, name in STAGES}))
+        except KeyError:   # a request the trace did not follow through every model
+            continue
+    return [timeline for _, timeline in sorted(out, key=lambda x: x[0])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_pair_arguments(ap)
+    ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--out", type=Path, help="also write every request's timeline as JSON")
+    args = ap.parse_args(argv)
+    exit_on_sigterm()
+    prompts = load_prompts(args.prompts_file, args.prompts)
+    ttft, verify = [], None
+    workdir = Path(tempfile.mkdtemp(prefix="specdec-first-token-"))
+    trace_file = workdir / "trace.json"   # written as the server stops
+    with Server(args.target, args.draft, 1, workdir=workdir, args=(
+            f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS",
+            "--trace-config=rate=1", "--trace-config=count=-1")) as server:
+        client = GrpcClient(server.grpc_url)
+        try:
+            for p in prompts[:args.warmup]:
+                client.request(p, -1, 0, 1)
+            before = server.metrics()
+            for i, p in enumerate(prompts):
+                ttft.append(client.request(p, i, 0, 1).ttft_s * 1e3)
+            after = server.metrics()
+        finally:
+            client.close()
+        key = "specdec_verify_latency_seconds"
+        n = after[f"{key}_count"] - before.get(f"{key}_count", 0)
+        verify = (after[f"{key}_sum"] - before.get(f"{key}_sum", 0)) / n * 1e3 if n else None
+    rows = timelines(json.loads(trace_file.read_text()))[args.warmup:]
+    log(f"{len(rows)} requests traced")
+    print("| stage | ms after tritonserver read the request (median) |\n|---|---:|")
+    for label, _, _ in STAGES:
+        print(f"| {label} | {statistics.median(r[label] for r in rows):.2f} |")
+    print(f"\nThe engine's prefill (the first round's verification, mean): {verify:.2f} ms; "
+          f"the client's time to first token (median): {statistics.median(ttft):.2f} ms")
+    if args.out:
+        args.out.write_text(json.dumps({"argv": sys.argv, "verify_ms": verify, "ttft_ms": ttft,
+                                        "timelines": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
