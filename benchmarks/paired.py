@@ -1,9 +1,10 @@
-"""The server against transformers in alternation: one server and one set of transformers models,
-then N pairs of runs a few seconds apart, each a served setting and transformers' own on the same
-prompts for the same token counts. On a shared 2-core machine the served side of bench.py drifted
-by a fifth within half an hour while transformers held (docs/benchmarks.md): a ratio of two
-figures taken minutes apart is partly the machine's. Here each ratio is of two runs that shared
-the machine's state, and the spread of N of them is the figure's uncertainty.
+"""The server against transformers in alternation, on the CPU in float32 (issue 29's CPU goals):
+one server and one set of transformers models, then N pairs of runs a few seconds apart, each a
+served setting and transformers' own on the same prompts for the same token counts. On a shared
+2-core machine the served side of bench.py drifted by a fifth within half an hour while
+transformers held (docs/benchmarks.md): a ratio of two figures taken minutes apart is partly the
+machine's. Here each ratio is of two runs that shared the machine's state, and the spread of N
+of them is the figure's uncertainty.
 
     .venv/bin/python benchmarks/paired.py --k 8 --pairs 6 --prompts 32
 
@@ -11,7 +12,7 @@ Per pair: served target-only against `generate`, served draft K against assisted
 (the order alternates pair to pair, so a drift favours neither side); then each ratio's median,
 range and how many pairs met issue 29's CPU goals (0.9x `generate`, 1.5x assisted). Every output
 is checked against the target's own: the served K run's text and transformers' decoded tokens
-equal the served target-only run's.
+equal the served target-only run's; a run where any differs exits 1.
 """
 from __future__ import annotations
 
@@ -132,7 +133,17 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(markdown(report, len(prompts)), end="")
     log(f"wrote {args.out}")
+    if differ(report, len(prompts)):
+        print("an output differs from the target's own (the table's last column)",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def differ(report: dict, n: int) -> bool:
+    """Whether any run of any pair gave an output other than the target's own."""
+    return any(p[name][key] != n for p in report["pairs"] for name in GOALS
+               for key in ("served_same_text", "transformers_same_text"))
 
 
 def markdown(report: dict, n: int) -> str:

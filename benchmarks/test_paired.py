@@ -36,3 +36,12 @@ def test_markdown_prints_each_pair_and_the_summary():
     assert "served 4/4, `generate` 3/4, assisted 3/4" in out[2]
     assert out[-1] == ("- speculative: median 1.500x (range 1.500-1.500), "
                        "1 of 1 pairs at or above 1.5x")
+
+
+def test_an_output_unlike_the_targets_fails_the_run():
+    from paired import differ
+    runs = {"served_same_text": 4, "transformers_same_text": 4}
+    report = {"pairs": [{"target-only": dict(runs), "speculative": dict(runs)}]}
+    assert not differ(report, 4)
+    report["pairs"][0]["speculative"]["transformers_same_text"] = 3
+    assert differ(report, 4)
