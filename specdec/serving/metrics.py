@@ -155,7 +155,12 @@ class Metrics:
         if n:
             self._pending[counter] = self._pending.get(counter, 0) + n
 
-    def flush(self) -> None:
+    def flush(self, estimates: bool = True) -> None:
+        """The counters' increments and calls per round; estimates: the server's acceptance and
+        cost estimates too, a gauge a proposer's position and a cost part (45 updates at
+        max_draft_tokens 8). A request's last response waits behind what is flushed before it:
+        its counts, not the estimates (posted before it they cost each final response 0.8 ms on
+        the 2-core CPU; docs/benchmarks.md, "A request's first token at one stream")."""
         pending, self._pending = self._pending, {}
         post = self.post
         for counter, n in pending.items():
@@ -164,7 +169,7 @@ class Metrics:
         for p, (n_calls, n_rounds) in self._calls_seen.items():
             if n_rounds:
                 post(self.calls_per_round[p].set, n_calls / n_rounds)
-        if self.estimates is not None:
+        if estimates and self.estimates is not None:
             e = self.estimates()
             for p, rates in e.acceptance.items():
                 for gauge, a in zip(self.acceptance_estimate[p], rates):

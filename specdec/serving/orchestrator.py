@@ -124,7 +124,7 @@ class Orchestrator:
                     if stream or chunk.finish_reason:
                         last = chunk.finish_reason is not None
                         if last:  # a client reading the metrics after its answer sees its counts
-                            self.metrics.flush()
+                            self.metrics.flush(estimates=False)   # finished() sends the rest
                         # The response is built on the courier's thread too (its tensors
                         # were half of what a streamed token cost the loop): from values
                         # taken now, as the loop goes on changing shown and stats.

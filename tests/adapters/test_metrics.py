@@ -99,3 +99,27 @@ def test_lookup_rounds_count_under_their_proposer(monkeypatch):
     assert value("specdec_accepted_at_position_total", proposer="ngram", position="2") == 1
     assert value("specdec_draft_tokens_total", proposer="draft") == 0
     assert len(draft_latency.observations) == before     # a lookup is not a draft_model call
+
+
+def test_a_final_response_follows_its_counts_and_precedes_the_estimates(serving, monkeypatch):
+    """A client that reads the metrics after its answer sees its counts; the server's acceptance
+    and cost estimates, a gauge a position and a part, follow the answer instead of delaying it
+    (0.8 ms a final response on the 2-core CPU, docs/benchmarks.md)."""
+    from tests.adapters.conftest import orchestrator_request, run_all
+    from tests.adapters.responses import PROMPTS
+    monkeypatch.setattr(metrics_module, "FLUSH_EVERY_S", 1e9)   # no periodic flush in between
+    orch = serving.orchestrator()
+    (estimate,) = fake_pb.metrics("specdec_acceptance_estimate", model="speculative_decoding",
+                                  proposer="draft", position="1")
+    at_final = {}
+
+    def on_send(response, flags):
+        if flags & fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            (tokens,) = fake_pb.metrics("specdec_output_tokens_total",
+                                        model="speculative_decoding")
+            at_final.update(tokens=tokens.value(), estimate=estimate.value())
+
+    run_all(orch, [orchestrator_request(PROMPTS[0], on_send=on_send, max_tokens=8,
+                                        num_draft_tokens=3)])
+    assert at_final == {"tokens": 8, "estimate": 0}
+    assert 0 < estimate.value() < 1   # sent once the answer had left
