@@ -19,10 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from clients import GrpcClient
+from clients import run_requests
 from inputs import DEFAULT_PROMPTS, add_pair_arguments, load_prompts
 from progress import log
-from server import Server, exit_on_sigterm
+from server import Server, exit_on_sigterm, settle_metrics
 
 # (label, model, Triton's timestamp), in the order a request passes them; model None: the
 # ensemble's own (its gRPC request).
@@ -79,25 +79,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     exit_on_sigterm()
     prompts = load_prompts(args.prompts_file, args.prompts)
-    ttft, verify = [], None
     workdir = Path(tempfile.mkdtemp(prefix="specdec-first-token-"))
     trace_file = workdir / "trace.json"   # written as the server stops
     with Server(args.target, args.draft, 1, workdir=workdir, args=(
             f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS",
             "--trace-config=rate=1", "--trace-config=count=-1")) as server:
-        client = GrpcClient(server.grpc_url)
-        try:
-            for p in prompts[:args.warmup]:
-                client.request(p, -1, 0, 1)
-            before = server.metrics()
-            for i, p in enumerate(prompts):
-                ttft.append(client.request(p, i, 0, 1).ttft_s * 1e3)
-            after = server.metrics()
-        finally:
-            client.close()
-        key = "specdec_verify_latency_seconds"
-        n = after[f"{key}_count"] - before.get(f"{key}_count", 0)
-        verify = (after[f"{key}_sum"] - before.get(f"{key}_sum", 0)) / n * 1e3 if n else None
+        run_requests(server.grpc_url, list(enumerate(prompts[:args.warmup])), 0, 1, 1,
+                     "warm-up", progress=False)
+        before = server.metrics()
+        reqs, _ = run_requests(server.grpc_url, list(enumerate(prompts)), 0, 1, 1,
+                               "first token", progress=False)
+        d = settle_metrics(server, before, sum(r.tokens for r in reqs))
+    ttft = [r.ttft_s * 1e3 for r in reqs]
+    verify = (d["specdec_verify_latency_seconds_sum"]
+              / d["specdec_verify_latency_seconds_count"] * 1e3)
     rows = timelines(json.loads(trace_file.read_text()))[args.warmup:]
     log(f"{len(rows)} requests traced")
     print("| stage | ms after tritonserver read the request (median) |\n|---|---:|")
