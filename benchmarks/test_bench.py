@@ -276,3 +276,32 @@ def test_a_server_stopped_while_it_starts_takes_its_processes_with_it(tmp_path, 
     assert proc.wait(timeout=10) is not None   # killed, not left to run its minute
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
+
+
+def test_thread_cpu_is_read_by_the_os_name_the_courier_gives_its_thread():
+    """courier_load.py finds the courier by the name courier.py gives its thread for the OS."""
+    import os
+    import threading
+    import time
+
+    from specdec.serving import courier
+
+    def spin():
+        courier._name_os_thread("specdec-test")
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        done.wait()
+
+    done = threading.Event()
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while server.thread_cpu_s(os.getpid(), "specdec-test") < 0.04:
+            assert time.monotonic() < deadline, "no CPU read for the named thread"
+            time.sleep(0.01)
+        assert server.thread_cpu_s(os.getpid(), "no-such-thread") == 0
+    finally:
+        done.set()
+        t.join()

@@ -12,6 +12,7 @@ about 15 us a post, and a 16-stream round posts a response and several metric up
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import queue
 import threading
@@ -22,6 +23,9 @@ log = logging.getLogger("specdec")
 # False: post() runs each message at once, on the caller's thread (the adapter tests, whose fake
 # requests decide by the responses sent so far).
 THREADED = True
+# Also the thread's name for the OS (top -H, /proc/<pid>/task/*/comm; at most 15 bytes), where
+# benchmarks/courier_load.py finds it.
+THREAD_NAME = "specdec-courier"
 
 
 class Courier:
@@ -33,7 +37,7 @@ class Courier:
         self._held: list[tuple] = []   # posted this event-loop turn (post)
         self._held_on: asyncio.AbstractEventLoop | None = None   # that turn's loop
         if self._queue is not None:
-            threading.Thread(target=self._run, name="courier", daemon=True).start()
+            threading.Thread(target=self._run, name=THREAD_NAME, daemon=True).start()
 
     def post(self, fn: Callable, *args, **kwargs) -> None:
         """fn(*args, **kwargs) after everything posted before it; a failure is logged, not
@@ -79,6 +83,7 @@ class Courier:
         await done
 
     def _run(self) -> None:
+        _name_os_thread(THREAD_NAME)
         while True:
             fn, args, kwargs = self._queue.get()
             try:
@@ -90,3 +95,11 @@ class Courier:
 def _resolve(done: asyncio.Future) -> None:
     if not done.done():   # its waiter may have been cancelled
         done.set_result(None)
+
+
+def _name_os_thread(name: str) -> None:
+    """Python 3.11 names a thread for Python alone; prctl(PR_SET_NAME) names it for the OS too."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):   # not Linux: the name is only a convenience
+        pass

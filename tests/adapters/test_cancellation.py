@@ -76,7 +76,7 @@ def test_the_client_is_asked_about_cancellation_at_most_every_check_interval(ser
     assert len(posted) >= len(asked)   # one posted after the answer finds it cancelled
     # 0.009: the loop's clock was read just before the post this one reads just after
     assert all(b - a >= 0.009 for a, b in zip(posted, posted[1:])), posted
-    assert all(name.startswith("courier") == threaded for _, name in asked), asked
+    assert all((name == courier.THREAD_NAME) == threaded for _, name in asked), asked
     assert_all_released(serving)
 
 

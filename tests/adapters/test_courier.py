@@ -4,7 +4,7 @@ import asyncio
 import logging
 import threading
 
-from specdec.serving.courier import Courier
+from specdec.serving.courier import THREAD_NAME, Courier
 
 
 def test_posts_run_in_order_off_the_caller_and_settle_waits_for_them():
@@ -26,7 +26,7 @@ def test_posts_run_in_order_off_the_caller_and_settle_waits_for_them():
 
     seen, last = asyncio.run(main())
     assert [i for i, _ in seen] == list(range(5)) and last == ["last"]
-    assert all(name.startswith("courier") for _, name in seen)
+    assert all(name == THREAD_NAME for _, name in seen)
 
 
 def test_a_failed_post_is_logged_and_the_next_ones_still_run(caplog):
