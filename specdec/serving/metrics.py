@@ -7,12 +7,14 @@ Every metric update is a message from the backend stub to the server process. Co
 increments are therefore summed here and sent before a request's final response, when it
 finishes, and at least every FLUSH_EVERY_S while requests run: a round at K=8 sent about 20
 updates (counters per drafted and per accepted position among them), now its 4 histogram
-observations. The orchestrator sends them from a thread of its own (`post`: courier.py), in
-order with its responses.
+observations. The server's estimates (gauges) go at most every FLUSH_EVERY_S. The orchestrator
+sends them from a thread of its own (`post`: courier.py), in order with its responses.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import time
 
 from ..records import DRAFTING, IN_TARGET, Failure, Finish, Off, Proposer, Round, Stats
@@ -150,32 +152,64 @@ class Metrics:
         self.estimates = estimates
         self._pending: dict[object, float] = {}   # counter -> increment not sent yet
         self._flushed_at = time.monotonic()
+        self._calls_shown: dict[str, float] = {}   # proposer -> calls a round last sent
+        self._estimated_at = -math.inf             # when the estimates were last sent
+        self._estimates_later: asyncio.TimerHandle | None = None
 
     def _count(self, counter, n: float) -> None:
         if n:
             self._pending[counter] = self._pending.get(counter, 0) + n
 
     def flush(self, estimates: bool = True) -> None:
-        """The counters' increments and calls per round; estimates: the server's acceptance and
-        cost estimates too, a gauge a proposer's position and a cost part (45 updates at
-        max_draft_tokens 8). A request's last response waits behind what is flushed before it:
-        its counts, not the estimates (posted before it they cost each final response 0.8 ms on
-        the 2-core CPU; docs/benchmarks.md, "A request's first token at one stream")."""
+        """The counters' increments and calls per round (where changed); estimates: the
+        server's acceptance and cost estimates too. A request's last response waits behind what
+        is flushed before it: its counts, not the estimates (posted before it they cost each
+        final response 0.8 ms on the 2-core CPU; docs/benchmarks.md, "A request's first token
+        at one stream")."""
         pending, self._pending = self._pending, {}
         post = self.post
         for counter, n in pending.items():
             post(counter.increment, n)
         self._flushed_at = time.monotonic()
         for p, (n_calls, n_rounds) in self._calls_seen.items():
-            if n_rounds:
+            if n_rounds and self._calls_shown.get(p) != n_calls / n_rounds:
+                self._calls_shown[p] = n_calls / n_rounds
                 post(self.calls_per_round[p].set, n_calls / n_rounds)
-        if estimates and self.estimates is not None:
-            e = self.estimates()
-            for p, rates in e.acceptance.items():
-                for gauge, a in zip(self.acceptance_estimate[p], rates):
-                    post(gauge.set, a)
-            for part, seconds in e.costs.items():
-                post(self.cost_estimate[part].set, seconds)
+        if estimates:
+            self._send_estimates()
+
+    def _send_estimates(self) -> None:
+        """A gauge a proposer's position and a cost part: 45 updates at max_draft_tokens 8,
+        each a message to the server process on the courier, ahead of later responses."""
+        if self._estimates_later is not None:
+            self._estimates_later.cancel()
+            self._estimates_later = None
+        self._estimated_at = time.monotonic()
+        if self.estimates is None:
+            return
+        e, post = self.estimates(), self.post
+        for p, rates in e.acceptance.items():
+            for gauge, a in zip(self.acceptance_estimate[p], rates):
+                post(gauge.set, a)
+        for part, seconds in e.costs.items():
+            post(self.cost_estimate[part].set, seconds)
+
+    def _estimates_due(self) -> None:
+        """At a request's end: the estimates if FLUSH_EVERY_S has passed since they were last
+        sent, else once it has (a timer on the event loop), so that they end exact without
+        every request's end sending them (at 16 streams of short requests, a few hundred
+        gauge updates a second through the courier that every stream's responses share)."""
+        wait = self._estimated_at + FLUSH_EVERY_S - time.monotonic()
+        if wait <= 0:
+            self._send_estimates()
+            return
+        if self._estimates_later is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:   # no event loop (a test's direct call): now
+                self._send_estimates()
+                return
+            self._estimates_later = loop.call_later(wait, self._send_estimates)
 
     def target_batch(self, rows: int) -> None:
         """One target engine call carrying `rows` verifications (the event loop's thread)."""
@@ -234,7 +268,8 @@ class Metrics:
             self._count(self.requests[reason if reason in self.requests else Finish.ERROR], 1)
         if stats is not None and stats.total_draft_tokens:
             self.post(self.acceptance_rate.observe, stats.acceptance_rate)
-        self.flush()
+        self.flush(estimates=False)
+        self._estimates_due()
 
 
 DRAFT_MODEL = "draft_model"

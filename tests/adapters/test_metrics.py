@@ -1,5 +1,8 @@
 """specdec.serving.metrics: counters are summed and sent in batches, histograms at once."""
-from specdec.records import Round, Stats
+import asyncio
+
+from specdec.planner import Estimates
+from specdec.records import Finish, Round, Stats
 from specdec.serving import metrics as metrics_module
 from specdec.serving.metrics import Metrics
 from tests.adapters import fake_pb
@@ -123,3 +126,35 @@ def test_a_final_response_follows_its_counts_and_precedes_the_estimates(serving,
                                         num_draft_tokens=3)])
     assert at_final == {"tokens": 8, "estimate": 0}
     assert 0 < estimate.value() < 1   # sent once the answer had left
+
+
+def test_request_ends_send_the_estimates_at_most_every_flush_interval(monkeypatch):
+    """The estimates are 45 gauge updates at max_draft_tokens 8, each a message on the courier
+    that every stream's responses share: a request's end sends them where FLUSH_EVERY_S has
+    passed since they last went, else once it has, with the figures of that moment."""
+    monkeypatch.setattr(metrics_module, "FLUSH_EVERY_S", 0.05)
+    rate = [0.5]
+    m = Metrics(fake_pb, "estimates_test", max_draft_tokens=8, estimates=lambda: Estimates(
+        {"draft": [rate[0]] * 8}, {"verify_call": 0.01}))
+    (gauge,) = fake_pb.metrics("specdec_acceptance_estimate", model="estimates_test",
+                               proposer="draft", position="1")
+
+    async def three_ends():
+        for r in (0.5, 0.6, 0.7):
+            rate[0] = r
+            m.finished(Finish.LENGTH, None)
+        assert gauge.history == [0.5]   # the first at once; the next two within 50 ms
+        await asyncio.sleep(0.2)
+
+    asyncio.run(three_ends())
+    assert gauge.history == [0.5, 0.7]
+
+
+def test_calls_per_round_is_sent_when_it_changes():
+    m = Metrics(fake_pb, "calls_test", max_draft_tokens=8)
+    (gauge,) = fake_pb.metrics("specdec_bls_calls_per_round", model="calls_test",
+                               proposer="draft")
+    for _ in range(3):
+        m.round(Round(k=2, accepted=1, draft_s=0.01, verify_s=0.01))
+        m.finished(Finish.LENGTH, None)
+    assert gauge.history == [2.0]
