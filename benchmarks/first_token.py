@@ -3,9 +3,12 @@ level=TIMESTAMPS`) of one-token requests sent one at a time to the ensemble over
 streaming, as a timeline from the moment tritonserver has read the request: preprocessing,
 speculative_decoding's execute (which starts the generation and returns), the response's arrival
 at postprocessing, the gRPC send. Beside it the engine's prefill (the round's verification, from
-the server's metrics) and the client's time to first token.
+the server's metrics) and the client's time to first token. A one-token request's only response
+is also its last, which the request's counts (metrics) go ahead of; the same prompts then run
+for --max-tokens tokens, whose first response is an ordinary streamed one.
 
-    .venv/bin/python benchmarks/first_token.py [--prompts 32] [--target DIR --draft DIR]
+    .venv/bin/python benchmarks/first_token.py [--prompts 32] [--max-tokens 64]
+                                               [--target DIR --draft DIR]
 
 On a GPU host the same command shows what the server adds to a prefill there; on this CPU the
 prefill is the engine's own slow compute.
@@ -75,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64,
+                    help="the second set's tokens a request (0: one-token requests only)")
     ap.add_argument("--out", type=Path, help="also write every request's timeline as JSON")
     args = ap.parse_args(argv)
     exit_on_sigterm()
@@ -90,19 +95,32 @@ def main(argv=None) -> int:
         reqs, _ = run_requests(server.grpc_url, list(enumerate(prompts)), 0, 1, 1,
                                "first token", progress=False)
         d = settle_metrics(server, before, sum(r.tokens for r in reqs))
-    ttft = [r.ttft_s * 1e3 for r in reqs]
+        sets = [reqs]
+        if args.max_tokens > 1:
+            sets.append(run_requests(server.grpc_url, list(enumerate(prompts)), 0,
+                                     args.max_tokens, 1, f"{args.max_tokens} tokens",
+                                     progress=False)[0])
     verify = (d["specdec_verify_latency_seconds_sum"]
               / d["specdec_verify_latency_seconds_count"] * 1e3)
-    rows = timelines(json.loads(trace_file.read_text()))[args.warmup:]
-    log(f"{len(rows)} requests traced")
-    print("| stage | ms after tritonserver read the request (median) |\n|---|---:|")
+    traced = timelines(json.loads(trace_file.read_text()))[args.warmup:]
+    log(f"{len(traced)} requests traced")
+    n = len(prompts)
+    columns = [("one-token request", traced[:n], sets[0])]
+    if len(sets) > 1:
+        columns.append((f"{args.max_tokens}-token request", traced[n:], sets[1]))
+    print("| stage, ms after tritonserver read the request (median) | "
+          + " | ".join(name for name, _, _ in columns) + " |\n|---|"
+          + "---:|" * len(columns))
     for label, _, _ in STAGES:
-        print(f"| {label} | {statistics.median(r[label] for r in rows):.2f} |")
-    print(f"\nThe engine's prefill (the first round's verification, mean): {verify:.2f} ms; "
-          f"the client's time to first token (median): {statistics.median(ttft):.2f} ms")
+        print(f"| {label} | " + " | ".join(
+            f"{statistics.median(r[label] for r in rows):.2f}" for _, rows, _ in columns) + " |")
+    print("| the client's time to first token | " + " | ".join(
+        f"{statistics.median(r.ttft_s * 1e3 for r in rs):.2f}" for _, _, rs in columns) + " |")
+    print(f"\nThe engine's prefill (a one-token request's verification, mean): {verify:.2f} ms")
     if args.out:
-        args.out.write_text(json.dumps({"argv": sys.argv, "verify_ms": verify, "ttft_ms": ttft,
-                                        "timelines": rows}, indent=1))
+        args.out.write_text(json.dumps({"argv": sys.argv, "verify_ms": verify, "columns": {
+            name: {"ttft_ms": [r.ttft_s * 1e3 for r in rs], "timelines": rows}
+            for name, rows, rs in columns}}, indent=1))
     return 0
 
 
