@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import os
 import random
 import re
 import signal
@@ -38,8 +37,6 @@ from urllib.parse import urlsplit
 # gRPC's C core must yield to gevent (locust has monkey-patched the standard library by now)
 # or one user's blocking stream read would stall every other user.
 import gevent
-import gevent.monkey
-import gevent.util
 import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 
@@ -48,7 +45,7 @@ grpc_gevent.init_gevent()
 # locust imports this file by path: make the repository root importable for loadtest.prompts.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadtest import outcome  # noqa: E402
+from loadtest import exits, outcome  # noqa: E402
 from loadtest.grpc_stream import GrpcStreamer  # noqa: E402
 from loadtest.openai_stream import OpenAIStreamer  # noqa: E402
 from loadtest.prompts import Mix, RequestPlan, load_prompts, parse_k_list  # noqa: E402
@@ -116,8 +113,9 @@ def add_arguments(parser) -> None:
                    help="fraction of requests the client cancels mid-stream, after 1 to 4 "
                         "pieces (a success named '... cancelled'). Default 0")
     g.add_argument("--exit-watchdog", type=float, default=30.0,
-                   help="seconds locust may take to exit after writing its results before it "
-                        "prints what it waits on and leaves with its exit code. Default 30")
+                   help="seconds locust's quit listeners may take after its results are written "
+                        "before it prints what they wait on and leaves with its exit code. "
+                        "Default 30")
     g.add_argument("--allow-remote", action="store_true", default=False,
                    help="allow a non-loopback --host/--grpc-host (refused by default)")
 
@@ -155,45 +153,23 @@ def _grpc_address(http_url: str, grpc_host: str) -> str:
     return f"{host}:{(parts.port or 80) + 1}"
 
 
-def _print_run_info() -> None:
-    """SIGUSR1: every greenlet's and thread's stack on stderr (what a hung run waits on)."""
-    gevent.util.print_run_info(file=sys.stderr)
-    sys.stderr.flush()
-
-
-# After locust has written its results it must exit: a teardown that hangs (gRPC's core under
-# gevent, a client thread that never ends) would turn a finished run into a failed one.
+# Once its results are written locust must exit: exits.py bounds the teardown that hung in CI.
 @events.quit.add_listener
 def _bounded_exit(exit_code: int, **_kwargs) -> None:
-    """Fired once the statistics are printed, just before locust's sys.exit: an OS thread (not a
-    greenlet: the hub may be the thing stuck) that, if the process still lives --exit-watchdog
-    seconds later, prints what it waits on and leaves with locust's own exit code."""
-    limit_s = STATE.get("exit_watchdog", 30.0)
-    real_sleep = gevent.monkey.get_original("time", "sleep")
+    exits.start_watchdog(exit_code, STATE.get("exit_watchdog", 30.0))
 
-    start_thread = gevent.monkey.get_original("_thread", "start_new_thread")
 
-    def leave(after_s: float) -> None:
-        real_sleep(after_s)
-        os._exit(exit_code)
-
-    def watchdog() -> None:
-        real_sleep(limit_s)
-        print(f"loadtest: locust had not exited {limit_s:g} s after writing its "
-              f"results; leaving with its exit code {exit_code}. Still running:",
-              file=sys.stderr, flush=True)
-        start_thread(leave, (5.0,))   # even if printing the stacks blocks
-        _print_run_info()
-        leave(0.0)
-    start_thread(watchdog, ())
+def _leave(exit_code: int, **_kwargs) -> None:
+    exits.leave(exit_code)
 
 
 @events.init.add_listener
 def on_init(environment, **_kwargs) -> None:
-    gevent.signal_handler(signal.SIGUSR1, _print_run_info)
+    gevent.signal_handler(signal.SIGUSR1, exits.print_run_info)
     opts = environment.parsed_options
     if opts is None:  # locust used as a library without our options
         return
+    events.quit.add_listener(_leave)   # the last: after those the locustfiles added
     host = environment.host or DEFAULT_HOST
     environment.host = host
     grpc_addr = _grpc_address(host, opts.grpc_host)

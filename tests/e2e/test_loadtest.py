@@ -102,40 +102,66 @@ def test_server_errors_are_failures_and_fail_the_run(server, tmp_path):
     assert "max_tokens" in errors and "request id" not in errors
 
 
-HANGING_TEARDOWN = """
+HANGING_QUIT = """
 import sys, threading
 sys.path.insert(0, {root!r})
 from locust import events
 from loadtest.locustfile import *  # noqa: F403: the load test's users and listeners
+import gevent.monkey
 
 
 def never_ends():
     threading.Event().wait()
 
 
+def blocks_forever():
+    gevent.monkey.get_original("time", "sleep")(3600)
+
+
 @events.quit.add_listener
-def start_a_thread_exit_waits_for(**_kwargs):
-    threading.Thread(target=never_ends, name="never-ends").start()
+def on_quit(**_kwargs):
+    {body}
 """
+# A non-daemon thread that never ends, started as locust exits: the interpreter's teardown
+# would wait for it forever (as gRPC's under gevent once did in CI).
+A_THREAD = 'threading.Thread(target=never_ends, name="never-ends").start()'
+# A quit listener that never returns: only the watchdog's OS thread can end the run.
+BLOCKED = "blocks_forever()"
+
+
+def run_hanging(server, tmp_path, body: str) -> tuple[subprocess.CompletedProcess, float]:
+    locustfile = tmp_path / "hanging_locustfile.py"
+    locustfile.write_text(HANGING_QUIT.format(root=str(ROOT), body=body))
+    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", "2",
+           "-r", "2", "-t", "2s", "--host", f"http://{server.http}", "--grpc-host", server.grpc,
+           "--max-tokens", "100000", "--only-summary", "--exit-watchdog", "2",
+           "--csv", str(tmp_path / "hanging")]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return proc, time.monotonic() - t0
 
 
 @needs_locust
-def test_a_hanging_teardown_ends_within_the_exit_watchdog_with_the_runs_exit_code(server,
-                                                                                  tmp_path):
-    # A non-daemon thread that never ends, started as locust exits: without the watchdog the
-    # interpreter would wait for it forever (as gRPC's teardown under gevent once did in CI).
-    locustfile = tmp_path / "hanging_locustfile.py"
-    locustfile.write_text(HANGING_TEARDOWN.format(root=str(ROOT)))
-    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", "2",
-           "-r", "2", "-t", "2s", "--host", f"http://{server.http}", "--grpc-host", server.grpc,
-           "--max-tokens", "100000", "--only-summary", "--exit-watchdog", "2"]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    wall = time.monotonic() - t0
+def test_locust_leaves_without_the_teardown_a_thread_would_hang(server, tmp_path):
+    proc, wall = run_hanging(server, tmp_path, A_THREAD)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log[-6000:]   # the run's failed requests (max_tokens refused)
+    assert "had not exited" not in log, log[-6000:]   # no watchdog needed
+    assert wall < 20, wall
+    # Its results are complete: the CSV files closed, not cut off by the exit.
+    stats = (tmp_path / "hanging_stats.csv").read_text()
+    assert stats.rstrip().splitlines()[-1].split(",")[1] == "Aggregated", stats
+    assert "max_tokens" in (tmp_path / "hanging_failures.csv").read_text()
+
+
+@needs_locust
+def test_a_quit_listener_that_hangs_ends_within_the_exit_watchdog_with_the_runs_exit_code(
+        server, tmp_path):
+    proc, wall = run_hanging(server, tmp_path, BLOCKED)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 1, log[-6000:]   # the run's failed requests, not the watchdog's
     assert "had not exited 2 s after writing its results" in log, log[-6000:]
-    assert "never_ends" in log, log[-6000:]   # the dump names what the exit waited on
+    assert "blocks_forever" in log, log[-6000:]   # the dump names what the exit waited on
     assert wall < 30, wall
 
 
