@@ -22,7 +22,9 @@
 #                                              # staggered starts and ends weigh little at 16
 #                                              # streams; COSTS_S=90:
 #                                              # costs.py's step at batch 1 and 16 after it, with
-#                                              # the exact mode's Triton kernels and without)
+#                                              # the exact mode's Triton kernels and without;
+#                                              # FIRST_TOKEN_S=120: first_token.py after it, a
+#                                              # first token's stages by Triton's trace at 8B)
 #
 # Each part writes its own models, so each fits one call of the device tool (10 minutes).
 # `served` needs .gpu/ from benchmarks/pack_server.sh carried (tritonserver and the client's
@@ -224,12 +226,14 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
             spy=(--py-spy /tmp/py-spy --profile-dir "$out/py-spy")
     fi
     stamp "in process and served"
-    # Until BUDGET_S into the part (less COSTS_S for costs.py after it); stopped there, it
-    # still prints what it measured. Keep BUDGET_S under the call's limit (the device tool cuts
-    # a call at the session's budget, and then nothing is packed): the log also goes straight
-    # to $OUT.
+    # Until BUDGET_S into the part (less COSTS_S and FIRST_TOKEN_S for what runs after it);
+    # stopped there, it still prints what it measured. Keep BUDGET_S under the call's limit (the
+    # device tool cuts a call at the session's budget, and then nothing is packed): the log also
+    # goes straight to $OUT.
     costs_s=${COSTS_S:-0}
-    timeout -k 30 $(( ${BUDGET_S:-540} - costs_s - SECONDS )) $py benchmarks/simulated.py \
+    first_s=${FIRST_TOKEN_S:-0}
+    left=$(( ${BUDGET_S:-540} - costs_s - first_s - SECONDS ))
+    timeout -k 30 $left $py benchmarks/simulated.py \
         --table none --target "$pair/target" --draft "$pair/draft" --head "$pair/eagle" \
         --placements "${PLACEMENTS:-auto,target}" "${spy[@]}" \
         --servers-in-turn --streams "${STREAMS:-1,16}" \
@@ -237,6 +241,14 @@ print("LD_LIBRARY_PATH first", sys.argv[1] or "(nothing)", "- cuDNN",
         --max-tokens "${MAX_TOKENS:-48}" --warmup 2 --out "$dest/served.json" 2>&1 \
         | tee "$out/served.md" "$dest/served-log.txt"
     [ ${#spy[@]} -gt 0 ] && $py benchmarks/pyspy.py "$out/py-spy" > "$out/py-spy.md" 2>&1
+    if [ "$first_s" -gt 0 ]; then
+        # What the server adds to a prefill on a GPU host, stage by stage (Triton's trace): a
+        # one-token request and a 64-token one's first response, at 8B in the server's defaults.
+        stamp "first token"
+        timeout -k 10 $(( ${BUDGET_S:-540} - costs_s - SECONDS )) $py benchmarks/first_token.py \
+            --target "$pair/target" --draft "$pair/draft" --prompts 16 \
+            --out "$out/first-token.json" 2>&1 | tee "$out/first-token.md"
+    fi
     if [ "$costs_s" -gt 0 ]; then
         # The in-process loop's step against the engine's own (exact mode, graphs on) at the
         # batch sizes served: is a round's time the step's?
