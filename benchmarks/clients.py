@@ -20,20 +20,21 @@ class GrpcClient:
     connection. Inputs take the rank the ensemble's metadata declares ([1, 1] with its batch
     dimension) instead of assuming one; times are taken in the response callback."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, stream: bool = True):
         from tritonclient.grpc import InferenceServerClient
 
         from specdec_client.grpc_transport import input_ranks, server_version, stream_headers
         self.client = InferenceServerClient(url)
         self.ranks = input_ranks(self.client, url, "ensemble")
         self.headers = stream_headers(server_version(self.client, url))
+        self.stream = stream   # False: the ensemble's `stream` off, the answer in one response
 
     def _inputs(self, prompt: str, k: int, max_tokens: int, proposer: str | None) -> list:
         from specdec_client import GenerationParams
         from specdec_client.grpc_transport import build_infer_inputs
         return build_infer_inputs(prompt, GenerationParams(
             max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, proposer=proposer),
-            True, self.ranks)
+            self.stream, self.ranks)
 
     def request(self, prompt: str, index: int, k: int, max_tokens: int,
                 proposer: str | None = None,
@@ -96,9 +97,10 @@ def server_request(url: str, prompt: str, index: int, k: int, max_tokens: int) -
 
 def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: int,
                  concurrency: int, label: str, progress: bool = True,
-                 proposer: str | None = None) -> tuple[list[Req], float]:
+                 proposer: str | None = None, stream: bool = True) -> tuple[list[Req], float]:
     """Send prompts through `concurrency` streams; returns (requests, wall seconds).
-    k: num_draft_tokens (-1: auto); proposer: draft, ngram, hybrid (None: the server's)."""
+    k: num_draft_tokens (-1: auto); proposer: draft, ngram, hybrid (None: the server's);
+    stream: False asks each answer in one response."""
     todo: queue.Queue = queue.Queue()
     for p in prompts:
         todo.put(p)
@@ -129,7 +131,8 @@ def run_requests(url: str, prompts: list[tuple[int, str]], k: int, max_tokens: i
                                  or len(done) == len(prompts)):
                     log(f"{label}: {len(done)}/{len(prompts)} requests")
 
-    wall = run_streams([GrpcClient(url) for _ in range(concurrency)], worker, errors, label)
+    wall = run_streams([GrpcClient(url, stream) for _ in range(concurrency)], worker, errors,
+                       label)
     return sorted(done, key=lambda r: r.prompt_index), wall
 
 

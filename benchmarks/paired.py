@@ -13,6 +13,10 @@ Per pair: served target-only against `generate`, served draft K against assisted
 range and how many pairs met issue 29's CPU goals (0.9x `generate`, 1.5x assisted). Every output
 is checked against the target's own: the served K run's text and transformers' decoded tokens
 equal the served target-only run's; a run where any differs exits 1.
+
+The served requests stream by default, a response a round, as a chat client asks; `generate`
+returns its answer at the end. --no-stream asks the server the same (the ensemble's `stream`
+off: one response a request), the like-for-like comparison.
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the served draft's num_draft_tokens (-1: auto)")
     ap.add_argument("--pairs", type=int, default=6, help="pairs of runs for each comparison")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests for each side")
+    ap.add_argument("--no-stream", dest="stream", action="store_false",
+                    help="served answers in one response each, as `generate` returns them")
     ap.add_argument("--server-env", action="append", default=[], metavar="SPECDEC_KEY=VALUE")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "paired.json")
     args = ap.parse_args(argv)
@@ -85,19 +91,20 @@ def main(argv=None) -> int:
                     "git": git_state(), "versions": versions(),
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat("T", "seconds"),
                     "config": {"prompts": len(prompts), "max_tokens": args.max_tokens,
-                               "k": args.k, "pairs": args.pairs, "server_env": env},
+                               "k": args.k, "pairs": args.pairs, "server_env": env,
+                               "stream": args.stream},
                     "load_at_start": load_snapshot(), "pairs": []}
     target, draft = hf_load(args.target, torch.float32, cpu), hf_load(args.draft, torch.float32,
                                                                       cpu)
     with Server(args.target, args.draft, 1, env=env) as server:
         def served(k: int, label: str):
             reqs, _ = run_requests(server.grpc_url, prompts, k, args.max_tokens, 1, label,
-                                   progress=False)
+                                   progress=False, stream=args.stream)
             return reqs
 
         for k in (0, args.k):
             run_requests(server.grpc_url, prompts[:args.warmup], k, args.max_tokens, 1,
-                         "warm-up", progress=False)
+                         "warm-up", progress=False, stream=args.stream)
         base = served(0, "served target-only")   # what every other run must reproduce
         lengths = {r.prompt_index: r.tokens for r in base}
         texts = {r.prompt_index: r.text for r in base}
@@ -147,7 +154,9 @@ def differ(report: dict, n: int) -> bool:
 
 
 def markdown(report: dict, n: int) -> str:
-    lines = ["| pair | first | served target-only tok/s | `generate` | ratio | "
+    streamed = "streamed" if report["config"].get("stream", True) else "one response each"
+    lines = [f"Served requests: {streamed}.", "",
+             "| pair | first | served target-only tok/s | `generate` | ratio | "
              f"served {k_name(report['config']['k'])} | assisted | ratio | "
              "outputs equal to the target's |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---|"]

@@ -17,6 +17,7 @@ def test_summary_takes_the_median_range_and_pairs_at_the_goal():
 
 def test_auto_is_minus_one_and_zero_is_refused():
     assert parse_args(["--k", "-1"]).k == -1
+    assert parse_args([]).stream and not parse_args(["--no-stream"]).stream
     for bad in (["--k", "0"], ["--k", "-2"], ["--pairs", "0"], ["--server-env", "X=1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
@@ -31,11 +32,14 @@ def test_markdown_prints_each_pair_and_the_summary():
               "summary": {"target-only": summary([0.9], 0.9),
                           "speculative": summary([1.5], 1.5)}}
     out = markdown(report, 4).splitlines()
-    assert "served auto" in out[0]
-    assert out[2].startswith("| 1 | served | 90.0 | 100.0 | 0.90x | 150.0 | 100.0 | 1.50x |")
-    assert "served 4/4, `generate` 3/4, assisted 3/4" in out[2]
+    assert out[0] == "Served requests: streamed."
+    assert "served auto" in out[2]
+    assert out[4].startswith("| 1 | served | 90.0 | 100.0 | 0.90x | 150.0 | 100.0 | 1.50x |")
+    assert "served 4/4, `generate` 3/4, assisted 3/4" in out[4]
     assert out[-1] == ("- speculative: median 1.500x (range 1.500-1.500), "
                        "1 of 1 pairs at or above 1.5x")
+    report["config"]["stream"] = False
+    assert markdown(report, 4).splitlines()[0] == "Served requests: one response each."
 
 
 def test_an_output_unlike_the_targets_fails_the_run():
