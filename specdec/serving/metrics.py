@@ -154,7 +154,8 @@ class Metrics:
         self._flushed_at = time.monotonic()
         self._calls_shown: dict[str, float] = {}   # proposer -> calls a round last sent
         self._estimated_at = -math.inf             # when the estimates were last sent
-        self._estimates_later: asyncio.TimerHandle | None = None
+        # The timer that sends them once due, and its event loop.
+        self._estimates_later: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
 
     def _count(self, counter, n: float) -> None:
         if n:
@@ -182,7 +183,7 @@ class Metrics:
         """A gauge a proposer's position and a cost part: 45 updates at max_draft_tokens 8,
         each a message to the server process on the courier, ahead of later responses."""
         if self._estimates_later is not None:
-            self._estimates_later.cancel()
+            self._estimates_later[1].cancel()
             self._estimates_later = None
         self._estimated_at = time.monotonic()
         if self.estimates is None:
@@ -203,13 +204,16 @@ class Metrics:
         if wait <= 0:
             self._send_estimates()
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:   # no event loop (a test's direct call): now
+            self._send_estimates()
+            return
+        if self._estimates_later is not None and self._estimates_later[0] is not loop:
+            self._estimates_later[1].cancel()   # on a loop that has closed (a test's earlier one)
+            self._estimates_later = None
         if self._estimates_later is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:   # no event loop (a test's direct call): now
-                self._send_estimates()
-                return
-            self._estimates_later = loop.call_later(wait, self._send_estimates)
+            self._estimates_later = (loop, loop.call_later(wait, self._send_estimates))
 
     def target_batch(self, rows: int) -> None:
         """One target engine call carrying `rows` verifications (the event loop's thread)."""

@@ -149,6 +149,23 @@ def test_request_ends_send_the_estimates_at_most_every_flush_interval(monkeypatc
     asyncio.run(three_ends())
     assert gauge.history == [0.5, 0.7]
 
+    # A timer left on a loop that closed (the first asyncio.run's) does not hold them back on
+    # the next loop.
+    async def two_ends_on_one_loop_closed_before_due():
+        for r in (0.8, 0.9):
+            rate[0] = r
+            m.finished(Finish.LENGTH, None)
+
+    asyncio.run(two_ends_on_one_loop_closed_before_due())   # 0.8 at once, 0.9's timer dropped
+
+    async def an_end_on_another_loop():
+        rate[0] = 1.0
+        m.finished(Finish.LENGTH, None)
+        await asyncio.sleep(0.2)
+
+    asyncio.run(an_end_on_another_loop())
+    assert gauge.history == [0.5, 0.7, 0.8, 1.0]
+
 
 def test_calls_per_round_is_sent_when_it_changes():
     m = Metrics(fake_pb, "calls_test", max_draft_tokens=8)
