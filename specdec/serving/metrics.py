@@ -163,10 +163,10 @@ class Metrics:
 
     def flush(self, estimates: bool = True) -> None:
         """The counters' increments and calls per round (where changed); estimates: the
-        server's acceptance and cost estimates too. A request's last response waits behind what
-        is flushed before it: its counts, not the estimates (posted before it they cost each
-        final response 0.8 ms on the 2-core CPU; docs/benchmarks.md, "A request's first token
-        at one stream")."""
+        server's acceptance and cost estimates too, where due. A request's last response waits
+        behind what is flushed before it: its counts, not the estimates (posted before it they
+        cost each final response 0.8 ms on the 2-core CPU; docs/benchmarks.md, "A request's
+        first token at one stream")."""
         pending, self._pending = self._pending, {}
         post = self.post
         for counter, n in pending.items():
@@ -177,7 +177,7 @@ class Metrics:
                 self._calls_shown[p] = n_calls / n_rounds
                 post(self.calls_per_round[p].set, n_calls / n_rounds)
         if estimates:
-            self._send_estimates()
+            self._estimates_due()
 
     def _send_estimates(self) -> None:
         """A gauge a proposer's position and a cost part: 45 updates at max_draft_tokens 8,
@@ -196,10 +196,10 @@ class Metrics:
             post(self.cost_estimate[part].set, seconds)
 
     def _estimates_due(self) -> None:
-        """At a request's end: the estimates if FLUSH_EVERY_S has passed since they were last
-        sent, else once it has (a timer on the event loop), so that they end exact without
-        every request's end sending them (at 16 streams of short requests, a few hundred
-        gauge updates a second through the courier that every stream's responses share)."""
+        """The estimates if FLUSH_EVERY_S has passed since they were last sent, else once it
+        has (a timer on the event loop), so that they end exact without every request's end
+        sending them (at 16 streams of short requests, a few hundred gauge updates a second
+        through the courier that every stream's responses share)."""
         wait = self._estimated_at + FLUSH_EVERY_S - time.monotonic()
         if wait <= 0:
             self._send_estimates()
@@ -272,8 +272,7 @@ class Metrics:
             self._count(self.requests[reason if reason in self.requests else Finish.ERROR], 1)
         if stats is not None and stats.total_draft_tokens:
             self.post(self.acceptance_rate.observe, stats.acceptance_rate)
-        self.flush(estimates=False)
-        self._estimates_due()
+        self.flush()
 
 
 DRAFT_MODEL = "draft_model"
