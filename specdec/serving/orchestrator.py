@@ -52,8 +52,11 @@ class Unavailable(RuntimeError):
 
 class Orchestrator:
     def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], vocab_size: int,
-                 drafter, verifier, metrics: Metrics):
+                 drafter, verifier, metrics: Metrics, special: frozenset[int] = frozenset()):
+        """special: the ids postprocessing's decode leaves out (tokenizer.special_ids), which
+        the streamed responses' windows reach past (detokenize.window)."""
         self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
+        self.special = special
         # A draft model in target_model's process drafts there (in_target.py): no call here.
         self.drafter = drafter if settings.has_draft and not settings.draft_in_target else None
         self.verifier = verifier
@@ -128,7 +131,7 @@ class Orchestrator:
                         # The response is built on the courier's thread too (its tensors
                         # were half of what a streamed token cost the loop): from values
                         # taken now, as the loop goes on changing shown and stats.
-                        ids, prefix = detokenize.window(shown, pending)
+                        ids, prefix = detokenize.window(shown, pending, self.special)
                         st = chunk.stats
                         counts = (len(req.prompt), st.num_output_tokens, st.total_draft_tokens,
                                   st.total_accepted_draft_tokens, st.acceptance_rate,

@@ -74,6 +74,24 @@ def encode_request(tokenizer, text: str, words: list[str],
     return ids, [t for s in stops for t in s], [len(s) for s in stops]
 
 
+def special_ids(path: str) -> frozenset[int]:
+    """The ids of the tokens a tokenizer's files mark special, which decode_ids leaves out:
+    tokenizer.json's added tokens and tokenizer_config.json's added_tokens_decoder, read as
+    JSON (the orchestrator loads no tokenizer). Counting an id that decode keeps costs nothing
+    but a longer streaming window (detokenize.window); none where neither file lists any."""
+    import json
+    ids: set[int] = set()
+    root = Path(path)
+    if (root / "tokenizer.json").is_file():
+        data = json.loads((root / "tokenizer.json").read_text(encoding="utf-8"))
+        ids.update(t["id"] for t in data.get("added_tokens") or [] if t.get("special"))
+    if (root / "tokenizer_config.json").is_file():
+        data = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+        decoder = data.get("added_tokens_decoder") or {}
+        ids.update(int(i) for i, t in decoder.items() if t.get("special"))
+    return frozenset(ids)
+
+
 # Files any of transformers' tokenizer classes loads a vocabulary from.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 

@@ -14,7 +14,7 @@ from specdec.serving.engine_model import DraftModel, TargetModel
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import (DEFAULT_DRAFT, DEFAULT_TARGET, NO_DRAFT,
                                       OrchestratorSettings, SettingsError, model_paths)
-from specdec.serving.tokenizer import TokenizerMismatch, check_draft_tokenizer
+from specdec.serving.tokenizer import TokenizerMismatch, check_draft_tokenizer, special_ids
 from tests.adapters import fake_pb
 from tests.adapters.conftest import engine_config, load_triton_model
 
@@ -72,6 +72,8 @@ def test_speculative_decoding_logs_its_proposers_at_load(checkpoints, monkeypatc
     assert len(lines) == 1
     assert lines[0].startswith("specdec speculative_decoding: proposers ngram (no draft model")
     assert not model.orchestrator.settings.has_draft
+    # The streamed windows reach past the tokenizer's special ids (detokenize.window).
+    assert model.orchestrator.special == special_ids(target) and len(special_ids(target)) == 2
 
 
 # --- config.pbtxt: what each file carries

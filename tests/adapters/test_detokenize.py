@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from specdec import names
-from specdec.serving.detokenize import WINDOW, piece, window
+from specdec.serving.detokenize import MAX_WINDOW, WINDOW, piece, window
+from specdec.serving.tokenizer import special_ids
 from tests.adapters import fake_pb
 from tests.adapters.conftest import load_triton_model
 
@@ -36,12 +37,12 @@ def chunked(ids, sizes):
         at, i = at + n, i + 1
 
 
-def stream_pieces(decode, ids, sizes):
+def stream_pieces(decode, ids, sizes, special=frozenset()):
     """One response per chunk, as the orchestrator sends them; the last one is final."""
     shown, pieces = [], []
     chunks = list(chunked(ids, sizes))
     for j, new in enumerate(chunks):
-        sent, prefix = window(shown, new)
+        sent, prefix = window(shown, new, special)
         pieces.append(piece(decode, sent, prefix, j == len(chunks) - 1))
         shown.extend(new)
     return pieces
@@ -88,6 +89,31 @@ def test_window_carries_at_most_window_shown_ids():
         sent, prefix = window(shown[:n], [7, 8])
         assert prefix == min(n, WINDOW)
         assert sent == shown[:n][n - prefix:] + [7, 8]
+
+
+def test_window_reaches_past_special_ids_to_window_others():
+    special = frozenset({0, 1})
+    shown = [5, 6, 0, 7, 1, 1, 8, 9, 10, 11, 12, 13]
+    sent, prefix = window(shown, [20], special)
+    # 8 ids that are not special, and the 3 special ids among them.
+    assert (sent, prefix) == (shown[1:] + [20], 11)
+    # None among the last WINDOW: the plain window.
+    assert window(shown + [14, 15], [20], special) == window(shown + [14, 15], [20])
+    # Fewer than WINDOW others: everything shown.
+    assert window([0, 5, 1], [20], special) == ([0, 5, 1, 20], 3)
+    # A long run of special ids: at most MAX_WINDOW of them.
+    sent, prefix = window([5] * 10 + [0] * 100, [20], special)
+    assert (sent, prefix) == ([0] * MAX_WINDOW + [20], MAX_WINDOW)
+
+
+def test_special_ids_are_read_from_the_tokenizer_files(checkpoints, tokenizer, tmp_path):
+    marked = {tokenizer.convert_tokens_to_ids(t) for t in ("<s>", "</s>")}
+    assert special_ids(checkpoints[0]) == marked
+    # tokenizer_config.json alone, a token marked special there and one not.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {
+        "7": {"content": "<x>", "special": True}, "9": {"content": "<y>", "special": False}}}))
+    assert special_ids(str(tmp_path)) == {7}
+    assert special_ids(str(tmp_path / "none")) == frozenset()
 
 
 def test_final_response_flushes_an_incomplete_character(tokenizer):
@@ -181,14 +207,16 @@ def test_long_run_of_invalid_bytes_streams_like_the_full_decode(tokenizer):
     assert "".join(stream_pieces(decode, ids, [1])) == decode(ids)   # streamed: only 8 U+FFFD
 
 
-@pytest.mark.xfail(strict=True, reason="detokenize.py: a window that starts inside an already "
-                                       "shown character, followed only by skipped special "
-                                       "tokens, shows that character's tail again as U+FFFD")
-def test_special_tokens_after_a_split_character(tokenizer):
+@pytest.mark.parametrize("run", [WINDOW - 1, 3 * WINDOW])
+def test_special_tokens_after_a_split_character(tokenizer, checkpoints, run):
+    """A window of é's second byte and special tokens alone decoded to one U+FFFD, which the
+    cut took for a held-back character: é's tail came out again ("Aé\ufffdB"). The windows now
+    reach past special ids (read from the checkpoint's files, as speculative_decoding reads
+    them)."""
     decode = decoder(tokenizer)
     bos = tokenizer.convert_tokens_to_ids("<s>")
-    # 'A', é as its two bytes c3 a9, WINDOW - 1 special tokens (decode to nothing), 'B'.
-    ids = ([byte_token(tokenizer, b) for b in (0x41, 0xC3, 0xA9)] + [bos] * (WINDOW - 1)
+    # 'A', é as its two bytes c3 a9, a run of special tokens (decode to nothing), 'B'.
+    ids = ([byte_token(tokenizer, b) for b in (0x41, 0xC3, 0xA9)] + [bos] * run
            + [byte_token(tokenizer, 0x42)])
     assert decode(ids) == "AéB"
-    assert "".join(stream_pieces(decode, ids, [1])) == "AéB"         # streamed: "Aé\ufffdB"
+    assert "".join(stream_pieces(decode, ids, [1], special_ids(checkpoints[0]))) == "AéB"

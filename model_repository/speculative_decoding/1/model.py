@@ -12,14 +12,16 @@ from specdec.serving.bls import BlsDrafter, BlsVerifier
 from specdec.serving.checks import check_shared_sizes, read_model_config, say
 from specdec.serving.metrics import Metrics
 from specdec.serving.orchestrator import Orchestrator
-from specdec.serving.settings import OrchestratorSettings
+from specdec.serving.settings import OrchestratorSettings, tokenizer_path
+from specdec.serving.tokenizer import special_ids
 
 REPOSITORY = Path(__file__).resolve().parents[2]   # <repository>/speculative_decoding/1/model.py
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        settings = OrchestratorSettings.parse(parameters(json.loads(args["model_config"])))
+        params = parameters(json.loads(args["model_config"]))
+        settings = OrchestratorSettings.parse(params)
         check_shared_sizes(settings, REPOSITORY)
         say(args["model_name"], settings.start_line())
         target = ModelArgs.from_dir(settings.target_model_path)
@@ -36,7 +38,7 @@ class TritonPythonModel:
             verifier = BlsVerifier(pb_utils, on_batch=metrics.target_batch)
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
                                          target.vocab_size, BlsDrafter(pb_utils), verifier,
-                                         metrics)
+                                         metrics, special_ids(tokenizer_path(params)))
 
     async def execute(self, requests):
         # Decoupled + async: responses go through each request's sender as they are made.
