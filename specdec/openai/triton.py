@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from specdec import names
-from specdec.serving.detokenize import piece
+from specdec.serving.detokenize import fallback_bytes, piece
 from specdec.serving.requests import InvalidInput
 from specdec.serving.settings import RequestLimits
 from specdec.serving.tokenizer import decode_ids, encode_request
@@ -62,6 +62,7 @@ class SpecDecoding:
     def __init__(self, url: str, tokenizer, model: str = names.ORCHESTRATOR,
                  limits: RequestLimits = RequestLimits()):
         self.url, self.tokenizer, self.model, self.limits = url, tokenizer, model, limits
+        self.byte_of = fallback_bytes(tokenizer.get_vocab())
         self._client = None
         self._facts: tuple[float, dict | None, dict[str, int]] | None = None
 
@@ -148,7 +149,7 @@ class SpecDecoding:
                     outputs[names.TEXT_OUTPUT] = piece(
                         self._decode, ids.reshape(-1).tolist(),
                         int(result.as_numpy(names.PREFIX_LENGTH).reshape(-1)[0]),
-                        bool(result.as_numpy(names.IS_FINAL).reshape(-1)[0]))
+                        bool(result.as_numpy(names.IS_FINAL).reshape(-1)[0]), self.byte_of)
                 yield outputs
         finally:
             if not ended:

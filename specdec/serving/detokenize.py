@@ -6,6 +6,11 @@ U+FFFD cut (an incomplete UTF-8 character: one U+FFFD from a byte-level BPE deco
 from a byte-fallback decode, never more than three), except on the final response. Because
 shown text is always such a cut prefix, each piece is the new text's difference from the old:
 multi-byte characters split across tokens come out whole, once.
+
+A byte-fallback (SentencePiece) decode turns a whole run of byte tokens into U+FFFDs when the
+run ends inside a character, the run's finished characters too, and a window that starts inside
+a run decodes it all as U+FFFDs: there the byte tokens of an unfinished last character are left
+out before the decode, and a window's leading continuation bytes (a character shown before).
 """
 from __future__ import annotations
 
@@ -31,14 +36,48 @@ def window(shown: list[int], new: list[int],
     return shown[start:] + new, len(shown) - start
 
 
+def fallback_bytes(vocab: dict[str, int]) -> dict[int, int]:
+    """A byte-fallback vocabulary's byte tokens <0x00>..<0xFF> as {id: byte}; {} where the
+    vocabulary lacks any of them (byte-level BPE spells bytes as characters of their own)."""
+    ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
+    return {} if None in ids else {i: b for b, i in enumerate(ids)}
+
+
 def _cut(text: str) -> str:
     kept = text.rstrip("\ufffd")
     return text[: max(len(kept), len(text) - _MAX_INCOMPLETE)]
 
 
-def piece(decode, ids: list[int], prefix_length: int, is_final: bool) -> str:
-    """Postprocessing side: the text that `ids[prefix_length:]` add. decode: ids -> str."""
-    full = decode(ids)
-    full = full if is_final else _cut(full)
-    before = _cut(decode(ids[:prefix_length])) if prefix_length else ""
-    return full[len(before):]
+def _continuation(byte: int | None) -> bool:
+    return byte is not None and 0x80 <= byte < 0xC0
+
+
+def _unfinished(ids: list[int], byte_of: dict[int, int]) -> int:
+    """How many of ids' last tokens are the bytes of a character they do not finish (0-3)."""
+    for n in range(1, min(_MAX_INCOMPLETE, len(ids)) + 1):
+        b = byte_of.get(ids[-n])
+        if not _continuation(b):
+            need = 0 if b is None or b < 0xC0 else 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return n if need > n else 0
+    return 0
+
+
+def piece(decode, ids: list[int], prefix_length: int, is_final: bool,
+          byte_of: dict[int, int] | None = None) -> str:
+    """Postprocessing side: the text that `ids[prefix_length:]` add. decode: ids -> str;
+    byte_of: fallback_bytes of the tokenizer's vocabulary ({} or None: not byte-fallback)."""
+    if byte_of:
+        k = 0
+        while k < min(prefix_length - 1, _MAX_INCOMPLETE) and _continuation(byte_of.get(ids[k])):
+            k += 1
+        ids, prefix_length = ids[k:], prefix_length - k
+
+    def text(part: list[int], final: bool) -> str:
+        if final:
+            return decode(part)
+        if byte_of:
+            part = part[:len(part) - _unfinished(part, byte_of)]
+        return _cut(decode(part))
+
+    before = text(ids[:prefix_length], False) if prefix_length else ""
+    return text(ids, is_final)[len(before):]

@@ -45,9 +45,40 @@ def train_tokenizer(vocab_size: int = 320):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
+def train_fallback_tokenizer(vocab_size: int = 400):
+    """SentencePiece's layout as Llama 2, Mistral, Gemma and Phi-3 ship it in tokenizer.json:
+    "▁" for spaces, characters outside the vocabulary as byte tokens <0x00>..<0xFF>, decoded
+    by ByteFallback (Llama 2's decoder sequence)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                           normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    # A small alphabet: most non-ASCII characters go byte by byte.
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", *SPECIALS],
+                                  limit_alphabet=40, show_progress=False)
+    tok.train_from_iterator([CORPUS] * 30, trainer)
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+                                   bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return train_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def fallback_tokenizer():
+    return train_fallback_tokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec import names
-from specdec.serving.detokenize import MAX_WINDOW, WINDOW, piece, window
+from specdec.serving.detokenize import MAX_WINDOW, WINDOW, fallback_bytes, piece, window
 from specdec.serving.tokenizer import special_ids
 from tests.adapters import fake_pb
 from tests.adapters.conftest import load_triton_model
@@ -37,13 +37,13 @@ def chunked(ids, sizes):
         at, i = at + n, i + 1
 
 
-def stream_pieces(decode, ids, sizes, special=frozenset()):
+def stream_pieces(decode, ids, sizes, special=frozenset(), byte_of=None):
     """One response per chunk, as the orchestrator sends them; the last one is final."""
     shown, pieces = [], []
     chunks = list(chunked(ids, sizes))
     for j, new in enumerate(chunks):
         sent, prefix = window(shown, new, special)
-        pieces.append(piece(decode, sent, prefix, j == len(chunks) - 1))
+        pieces.append(piece(decode, sent, prefix, j == len(chunks) - 1, byte_of))
         shown.extend(new)
     return pieces
 
@@ -81,6 +81,34 @@ def test_single_response_is_the_whole_decode(tokenizer, text_ids):
     sent, prefix = window([], text_ids)
     assert (sent, prefix) == (text_ids, 0)
     assert piece(decoder(tokenizer), sent, prefix, True) == TEXT
+
+
+@pytest.mark.parametrize("seed", range(7))
+def test_byte_fallback_streams_exact_text(fallback_tokenizer, seed):
+    """A byte-fallback decode makes a whole run of byte tokens U+FFFDs while its last character
+    is unfinished, and a window that starts inside a run decodes all of it so: streamed, 'Zoë’s'
+    came out 'Zoë�’s' and the CJK text as U+FFFDs."""
+    tok = fallback_tokenizer
+    decode = decoder(tok)
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    assert decode(ids) == TEXT
+    byte_of = fallback_bytes(tok.get_vocab())
+    assert len(byte_of) == 256
+    # Not an idle test: runs of byte tokens longer than a window, windows starting inside them.
+    runs = "".join("b" if i in byte_of else "." for i in ids).split(".")
+    assert max(map(len, runs)) > WINDOW and sum(i in byte_of for i in ids) > 100
+    rng = random.Random(seed)
+    sizes = [rng.randint(1, 5) for _ in ids] if seed else [1]
+    pieces = stream_pieces(decode, ids, sizes, byte_of=byte_of)
+    assert "".join(pieces) == TEXT
+    assert not any(REPLACEMENT in p for p in pieces)
+    assert "".join(stream_pieces(decode, ids, sizes)) != TEXT   # as a byte-level decode
+
+
+def test_fallback_bytes_only_for_a_byte_fallback_vocabulary(tokenizer, fallback_tokenizer):
+    assert fallback_bytes(tokenizer.get_vocab()) == {}
+    byte_of = fallback_bytes(fallback_tokenizer.get_vocab())
+    assert byte_of[fallback_tokenizer.convert_tokens_to_ids("<0xE2>")] == 0xE2
 
 
 def test_window_carries_at_most_window_shown_ids():
@@ -165,6 +193,23 @@ def text_of(response):
     assert not response.has_error(), response.error().message()
     fake_pb.ModelConfig("postprocessing").check_outputs(response.output_tensors())
     return fake_pb.get_output_tensor_by_name(response, names.TEXT_OUTPUT).as_numpy()[0].decode()
+
+
+def test_postprocessing_model_streams_byte_fallback_text(fallback_tokenizer, tmp_path,
+                                                         monkeypatch):
+    fallback_tokenizer.save_pretrained(tmp_path)
+    model = load_triton_model("postprocessing", monkeypatch).TritonPythonModel()
+    config = {"parameters": {"tokenizer_path": {"string_value": str(tmp_path)}}}
+    model.initialize({"model_config": json.dumps(config), "model_name": "postprocessing"})
+    ids = fallback_tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    shown, requests = [], []
+    for j, new in enumerate(ids):
+        sent, prefix = window(shown, [new])
+        requests.append(post_request(sent, prefix, j == len(ids) - 1))
+        shown.append(new)
+    pieces = [text_of(r) for r in model.execute(requests)]
+    assert "".join(pieces) == TEXT
+    assert not any(REPLACEMENT in p for p in pieces)
 
 
 @pytest.mark.parametrize("sizes", [[1], [3, 1, 5, 2, 4]])

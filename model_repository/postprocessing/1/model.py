@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 from specdec import names
 from specdec.serving.adapter import error_response, parameters, read_inputs
 from specdec.serving.bls import CancelForwarder
-from specdec.serving.detokenize import piece
+from specdec.serving.detokenize import fallback_bytes, piece
 from specdec.serving.settings import tokenizer_path
 from specdec.serving.tokenizer import decode_ids, in_triton_stub, load_tokenizer
 
@@ -16,6 +16,7 @@ class TritonPythonModel:
     def initialize(self, args):
         path = tokenizer_path(parameters(json.loads(args["model_config"])))
         self.tokenizer = load_tokenizer(path, torch_free=in_triton_stub())
+        self.byte_of = fallback_bytes(self.tokenizer.get_vocab())
         self.cancels = CancelForwarder(pb_utils)
 
     def _decode(self, ids):
@@ -32,7 +33,7 @@ class TritonPythonModel:
                     self.cancels.check(request, int(i[names.GENERATION_ID].reshape(-1)[0]),
                                        final)
                 text = piece(self._decode, i[names.OUTPUT_IDS].reshape(-1).tolist(),
-                             int(i[names.PREFIX_LENGTH].reshape(-1)[0]), final)
+                             int(i[names.PREFIX_LENGTH].reshape(-1)[0]), final, self.byte_of)
                 out = pb_utils.Tensor(names.TEXT_OUTPUT, np.array([text.encode()], object))
                 responses.append(pb_utils.InferenceResponse([out]))
             except Exception as exc:
