@@ -73,11 +73,13 @@ def piece(decode, ids: list[int], prefix_length: int, is_final: bool,
         ids, prefix_length = ids[k:], prefix_length - k
 
     def text(part: list[int], final: bool) -> str:
-        if final:
-            return decode(part)
-        if byte_of:
-            part = part[:len(part) - _unfinished(part, byte_of)]
-        return _cut(decode(part))
+        if not byte_of:
+            return decode(part) if final else _cut(decode(part))
+        # Ended inside a character (max_tokens): its bytes as U+FFFDs, the characters before
+        # them as shown, where a byte-fallback decode would make the whole run U+FFFDs.
+        unfinished = _unfinished(part, byte_of)
+        done = decode(part[:len(part) - unfinished])
+        return done + "\ufffd" * unfinished if final else _cut(done)
 
     before = text(ids[:prefix_length], False) if prefix_length else ""
     return text(ids, is_final)[len(before):]

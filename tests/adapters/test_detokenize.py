@@ -105,6 +105,22 @@ def test_byte_fallback_streams_exact_text(fallback_tokenizer, seed):
     assert "".join(stream_pieces(decode, ids, sizes)) != TEXT   # as a byte-level decode
 
 
+def test_byte_fallback_text_that_ends_inside_a_character(fallback_tokenizer):
+    """A generation cut inside a character (max_tokens): streamed in any chunking and in one
+    response alike, the characters before it whole and its bytes as U+FFFDs, where the
+    tokenizer's own decode makes the whole run of byte tokens U+FFFDs."""
+    tok = fallback_tokenizer
+    decode = decoder(tok)
+    byte_of = fallback_bytes(tok.get_vocab())
+    ids = tok("Zoë’", add_special_tokens=False)["input_ids"][:-1]   # ’ is e2 80 99
+    assert [byte_of.get(i) for i in ids[-3:]] == [0xAB, 0xE2, 0x80]
+    assert decode(ids).endswith(REPLACEMENT * 4)                   # ë went with the run
+    whole = piece(decode, ids, 0, True, byte_of)
+    assert whole == "Zoë" + REPLACEMENT * 2
+    for sizes in ([1], [2, 1], [3]):
+        assert "".join(stream_pieces(decode, ids, sizes, byte_of=byte_of)) == whole
+
+
 def test_fallback_bytes_only_for_a_byte_fallback_vocabulary(tokenizer, fallback_tokenizer):
     assert fallback_bytes(tokenizer.get_vocab()) == {}
     byte_of = fallback_bytes(fallback_tokenizer.get_vocab())
