@@ -2,10 +2,9 @@
 
 Each streamed response carries the last few shown ids plus the new ones (`window`), and how many
 of them were shown before. The text of a token list is its decode with up to three trailing
-U+FFFD cut (an incomplete UTF-8 character: one U+FFFD from a byte-level BPE decode, one per byte
-from a byte-fallback decode, never more than three), except on the final response. Because
-shown text is always such a cut prefix, each piece is the new text's difference from the old:
-multi-byte characters split across tokens come out whole, once.
+U+FFFD cut (a byte-level BPE decode ends an incomplete UTF-8 character with one), except on the
+final response. Because shown text is always such a cut prefix, each piece is the new text's
+difference from the old: multi-byte characters split across tokens come out whole, once.
 
 A byte-fallback (SentencePiece) decode turns a whole run of byte tokens into U+FFFDs when the
 run ends inside a character, the run's finished characters too, and a window that starts inside
