@@ -32,7 +32,8 @@ from pathlib import Path
 
 from engine_runs import engine_runs
 from hf_runs import hf_rows
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts, load_tokenizer
+from inputs import (DEFAULT_PROMPTS, ROOT, add_pair_arguments, add_server_env_argument,
+                    load_prompts, load_tokenizer)
 from machine import git_state, load_snapshot, machine, versions
 from model_sizes import kv_pool_bytes, param_count
 from progress import T_START, log
@@ -55,9 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests before each setting")
     ap.add_argument("--max-seq-len", type=int,
                     help="server KV slot length (default min(1024, max_position_embeddings))")
-    ap.add_argument("--server-env", action="append", default=[], metavar="SPECDEC_KEY=VALUE",
-                    help="extra server setting, repeatable (e.g. SPECDEC_SPEC_FULL_BELOW=64 "
-                         "SPECDEC_SPEC_OFF_AT=65 to keep full K at any load)")
+    add_server_env_argument(ap, "extra server setting, repeatable (e.g. "
+                                "SPECDEC_SPEC_FULL_BELOW=64 SPECDEC_SPEC_OFF_AT=65 to keep full "
+                                "K at any load)")
     ap.add_argument("--no-engine", action="store_true",
                     help="skip the in-process specdec engine runs (target-only and best K)")
     ap.add_argument("--no-hf", action="store_true", help="skip the in-process transformers runs")
@@ -73,9 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.ks = sorted({int(k) for k in str(args.ks).split(",") if k.strip()} - {0})
-    if any("=" not in e or not e.startswith("SPECDEC_") for e in args.server_env):
-        ap.error("--server-env takes SPECDEC_KEY=VALUE")
-    args.server_env = dict(e.split("=", 1) for e in args.server_env)
+    args.server_env = dict(args.server_env)
     args.concurrency = sorted({int(c) for c in str(args.concurrency).split(",") if c.strip()})
     if min(args.concurrency) < 1 or args.prompts < 1 or args.max_tokens < 1:
         ap.error("--prompts, --max-tokens and --concurrency must be >= 1")

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from clients import run_requests
-from figures import percentile
-from inputs import DEFAULT_PROMPTS, add_pair_arguments, load_prompts
+from figures import latency_summary
+from inputs import DEFAULT_PROMPTS, add_pair_arguments, add_server_env_argument, load_prompts
 from progress import log
 from server import ORCHESTRATOR, Server, exit_on_sigterm, thread_cpu_s
 
@@ -36,12 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--runs", type=int, default=3, help="times the prompts are sent")
     ap.add_argument("--k", type=int, default=-1, help="num_draft_tokens (-1: auto)")
-    ap.add_argument("--server-env", action="append", default=[], metavar="SPECDEC_KEY=VALUE")
+    add_server_env_argument(ap)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     exit_on_sigterm()
     prompts = list(enumerate(load_prompts(args.prompts_file, args.prompts)))
-    env = dict(e.split("=", 1) for e in args.server_env)
+    env = dict(args.server_env)
     with Server(args.target, args.draft, args.streams, env=env) as server:
         run_requests(server.grpc_url, prompts[:args.streams], args.k, 16, args.streams,
                      "warm-up", progress=False)
@@ -59,13 +59,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"no thread named {THREAD_NAME} in {ORCHESTRATOR}'s process")
     tokens = sum(r.tokens for r in reqs)
     responses = sum(len(r.chunk_times_s) for r in reqs)   # those that carried tokens
-    itl = [x for r in reqs for x in r.itl()]
-    ttft = [r.ttft_s for r in reqs if r.ttft_s is not None]
+    lat = latency_summary(reqs)
     row = {"tok_s": tokens / wall, "courier_ms_per_request": courier_s / len(reqs) * 1e3,
            "courier_ms_per_response": courier_s / responses * 1e3,
            "courier_busy": courier_s / wall, "responses_per_request": responses / len(reqs),
-           "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p99": percentile(ttft, 99) * 1e3,
-           "itl_ms_p50": percentile(itl, 50) * 1e3, "itl_ms_p99": percentile(itl, 99) * 1e3}
+           **{f"{k}_ms_p{q}": lat[f"{k}_p{q}_s"] * 1e3 for k in ("ttft", "itl") for q in (50, 99)}}
     log(f"{len(reqs)} requests, {tokens} tokens")
     print("| tok/s | courier ms a request | a response | busy | responses a request "
           "| TTFT ms p50 / p99 | ITL ms p50 / p99 |\n|---:|---:|---:|---:|---:|---|---|")

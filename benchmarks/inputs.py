@@ -17,6 +17,17 @@ def add_pair_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
 
 
+def add_server_env_argument(ap: argparse.ArgumentParser, help: str | None = None) -> None:
+    """--server-env SPECDEC_KEY=VALUE, repeatable: a list of (key, value); dict() it."""
+    def item(text: str) -> tuple[str, str]:
+        if "=" not in text or not text.startswith("SPECDEC_"):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected SPECDEC_KEY=VALUE")
+        key, value = text.split("=", 1)
+        return key, value
+    ap.add_argument("--server-env", action="append", default=[], type=item,
+                    metavar="SPECDEC_KEY=VALUE", help=help)
+
+
 def load_prompts(path: Path, n: int, strict: bool = True) -> list[str]:
     """The first n prompts: JSON lines with a 'prompt' field, or a text file, one per line.
     strict: fail when the file holds fewer than n."""

@@ -31,7 +31,8 @@ from pathlib import Path
 from clients import run_requests
 from figures import latency_summary
 from hf_runs import hf_load, hf_run
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, load_prompts, load_tokenizer
+from inputs import (DEFAULT_PROMPTS, ROOT, add_pair_arguments, add_server_env_argument,
+                    load_prompts, load_tokenizer)
 from machine import git_state, load_snapshot, machine, versions
 from progress import log
 from server import Server, exit_on_sigterm
@@ -51,14 +52,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests for each side")
     ap.add_argument("--no-stream", dest="stream", action="store_false",
                     help="served answers in one response each, as `generate` returns them")
-    ap.add_argument("--server-env", action="append", default=[], metavar="SPECDEC_KEY=VALUE")
+    add_server_env_argument(ap)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "paired.json")
     args = ap.parse_args(argv)
     if args.k == 0 or args.k < -1 or args.pairs < 1 or args.prompts < 1 or args.max_tokens < 1:
         ap.error("--k must be -1 (auto) or >= 1; --pairs, --prompts and --max-tokens >= 1")
-    if any("=" not in e or not e.startswith("SPECDEC_") for e in args.server_env):
-        ap.error("--server-env takes SPECDEC_KEY=VALUE")
-    args.server_env = dict(e.split("=", 1) for e in args.server_env)
+    args.server_env = dict(args.server_env)
     return args
 
 
