@@ -19,19 +19,19 @@ _MAX_INCOMPLETE = 3  # bytes of a 4-byte UTF-8 character that can arrive before 
 
 
 def window(shown: list[int], new: list[int],
-           skipped: frozenset[int] = frozenset()) -> tuple[list[int], int]:
+           special: frozenset[int] = frozenset()) -> tuple[list[int], int]:
     """Orchestrator side: (ids to send, how many of them were shown before).
 
-    skipped: ids the decode leaves out (special tokens, tokenizer.special_ids). The shown ids
-    reach back to WINDOW of the others (at most MAX_WINDOW ids): a window of the tail of a
-    character shown before and skipped ids alone decodes to U+FFFDs that the cut of a held-back
-    character takes for one, and the tail came out again as U+FFFD."""
+    special: ids the decode leaves out (tokenizer.special_ids). The shown ids reach back to
+    WINDOW of the others (at most MAX_WINDOW ids): a window of the tail of a character shown
+    before and special ids alone decodes to U+FFFDs that the cut of a held-back character takes
+    for one, and the tail came out again as U+FFFD."""
     start = max(0, len(shown) - WINDOW)
-    if skipped and not skipped.isdisjoint(shown[start:]):
+    if special and not special.isdisjoint(shown[start:]):
         start, kept = len(shown), 0
         while start > 0 and kept < WINDOW and len(shown) - start < MAX_WINDOW:
             start -= 1
-            kept += shown[start] not in skipped
+            kept += shown[start] not in special
     return shown[start:] + new, len(shown) - start
 
 
