@@ -16,13 +16,14 @@ Presets (`--target`/`--draft`) are the published config.json values of: llama-8b
 (Llama-3.1-8B), llama-70b (Llama-3.1-70B), llama-1b (Llama-3.2-1B), qwen3-8b, qwen3-0.6b,
 gemma2-9b, gemma2-2b (Gemma 2), gemma3-12b (Gemma 3 12B's language model, as a text-only
 checkpoint), gemma3-1b, gemma3-270m, phi4-mini (Phi-4-mini-instruct), phi3-mini
-(Phi-3-mini-4k-instruct); vocabularies, head sizes, grouped KV heads, tied embeddings, RoPE
-scaling, sliding windows and soft caps included. `--scale s` multiplies the layer count, the
-heads (head_dim and the query/KV grouping kept), the width and the MLP width by s, for tests on
-small machines; the vocabulary stays real unless --vocab-size says otherwise. Weights are
-bfloat16 safetensors, sharded at --shard-gb with a model.safetensors.index.json (the full 8B
-target is about 16 GB on disk, the 1B draft about 2.5 GB); each tensor is generated and written
-shard by shard, so memory stays near one shard. The tensor names and shapes are those
+(Phi-3-mini-4k-instruct), smollm2-360m and smollm2-135m (SmolLM2, the small Llama-architecture
+chat models CPU engines are compared on); vocabularies, head sizes, grouped KV heads, tied
+embeddings, RoPE scaling, sliding windows and soft caps included. `--scale s` multiplies the
+layer count, the heads (head_dim and the query/KV grouping kept), the width and the MLP width by
+s, for tests on small machines; the vocabulary stays real unless --vocab-size says otherwise.
+Weights are bfloat16 safetensors, sharded at --shard-gb with a model.safetensors.index.json (the
+full 8B target is about 16 GB on disk, the 1B draft about 2.5 GB); each tensor is generated and
+written shard by shard, so memory stays near one shard. The tensor names and shapes are those
 transformers' own model class has for the config.
 
 The tokenizer files are copied from --tokenizer-from (default the embedded models/default/target):
@@ -86,6 +87,17 @@ PRESETS = {
                      vocab_size=128256, head_dim=64, max_position_embeddings=131072,
                      rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=32.0),
                      rms_norm_eps=1e-5, tie_word_embeddings=True),
+    # HuggingFaceTB/SmolLM2-360M(-Instruct) and SmolLM2-135M(-Instruct) config.json: small
+    # Llama-architecture chat models (tied embeddings, grouped KV heads) that CPU serving
+    # engines are compared on
+    "smollm2-360m": dict(model_type="llama", hidden_size=960, num_hidden_layers=32,
+                         num_attention_heads=15, num_key_value_heads=5, intermediate_size=2560,
+                         vocab_size=49152, head_dim=64, max_position_embeddings=8192,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                         vocab_size=49152, head_dim=64, max_position_embeddings=8192,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
     # Qwen/Qwen3-8B and Qwen/Qwen3-0.6B config.json (q/k norms; 0.6B: 16 heads of 128 > 1024)
     "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36,
                      num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288,

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from . import attention
+from .cpu import build as cpu_build, linear as cpu_linear
 from .config import CheckpointError, ModelArgs
 from .draft_steps import StepRows, draft_steps
 from .eagle.checkpoint import load_head
@@ -22,7 +23,7 @@ from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
-from .model import Batch, Transformer, on_meta
+from .model import Batch, Transformer, on_meta, vocab_rows
 from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities
@@ -35,17 +36,21 @@ class Engine:
     def __init__(self, model: Transformer, max_sequences: int, max_len: int,
                  device: torch.device, vocab_size: int | None = None,
                  attention_kind: str = "auto", cuda_graphs: bool | None = None,
-                 head: EagleHead | None = None, batch_invariant: bool = False):
+                 head: EagleHead | None = None, batch_invariant: bool = False,
+                 cpu_kernel: bool | None = None):
         """attention_kind: auto, sdpa or flash (attention.choose). cuda_graphs: replay small
         forwards (the head's too) from CUDA graphs (graphs.py); None = on CUDA. head: an EAGLE-3
         head drafting inside verify (eagle/). batch_invariant: score each token with the same
-        arithmetic whatever its batch holds (invariant.py). Load errors raise ValueError."""
+        arithmetic whatever its batch holds (invariant.py). cpu_kernel: the CPU's own kernels
+        (cpu/; None: on the CPU in float32 and bfloat16 where they build; True: required). Load
+        errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
         self.dtype = model.lm_head.weight.dtype
         self.cache = KVCache(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                              self.dtype, device)
         model.flash = attention.choose(attention_kind, device, self.dtype)
+        self.cpu_kernel = _pack_for_cpu(model, device, self.dtype, cpu_kernel)
         if batch_invariant:
             model.make_batch_invariant()
         # A draft serving another model's vocabulary drafts only ids the target has, and is fed
@@ -100,7 +105,8 @@ class Engine:
     def load(cls, path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
              device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
              cuda_graphs: bool | None = None, head_path: str | None = None,
-             batch_invariant: bool = False, tp=None) -> "Engine":
+             batch_invariant: bool = False, tp=None,
+             cpu_kernel: bool | None = None) -> "Engine":
         """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
         loudly if the pool cannot fit. tp: this rank's parallel.Shard (its slices of the
         weights, its KV heads: the memory check is per rank)."""
@@ -127,7 +133,7 @@ class Engine:
                 f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
                 f"lower max_sequences or max_seq_len")
         return cls(model, max_sequences, max_len, device, vocab_size, attention_kind, cuda_graphs,
-                   head, batch_invariant)
+                   head, batch_invariant, cpu_kernel)
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.fits(batch):
@@ -303,6 +309,22 @@ class Engine:
                 drafter.release(seq_id)
 
 
+def _pack_for_cpu(model: Transformer, device: torch.device, dtype: torch.dtype,
+                  wanted: bool | None) -> bool:
+    """Whether model's linear layers now run the CPU's kernels (see Engine)."""
+    usable = device.type == "cpu" and dtype in cpu_linear.DTYPES
+    if wanted is False or (wanted is None and not usable):
+        return False
+    if not usable:
+        raise ValueError(f"cpu_kernel needs the CPU in float32 or bfloat16, not {device.type} "
+                         f"{str(dtype).removeprefix('torch.')}")
+    if cpu_build.load() is None:
+        if wanted:
+            raise ValueError(f"cpu_kernel: {cpu_build.reason()}")
+        return False
+    return cpu_linear.pack_model(model) > 0
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA; float32 on the CPU, whose bf16 kernels are slow at small batch."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -326,6 +348,8 @@ def _check_fits(path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
     if tp is not None:
         a = local_args(a, layout(a, tp.rank, tp.world, f"{path}/config.json"))
     weights = weight_bytes(a, dtype, tp)
+    if device.type == "cpu" and dtype in cpu_linear.DTYPES:   # the LM head packed beside it
+        weights += vocab_rows(a, tp) * a.hidden_size * dtype.itemsize
     kv = KVCache.bytes_needed(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
                               dtype)
     free = _free_memory(device)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import attention, invariant
+from .cpu import linear as cpu_linear
 from .config import ModelArgs, Rope
 from .kv_cache import KVCache
 from .parallel import Shard
@@ -171,10 +172,15 @@ def on_meta():
 
 
 class Linear(nn.Linear):
-    """nn.Linear; `blocked` (set by Transformer.make_batch_invariant): over fixed row blocks."""
+    """nn.Linear; `packed` (cpu/linear.py's pack_model, on the CPU): the weight packed for the
+    CPU's kernel, whose rows are batch-invariant; `blocked` (set by
+    Transformer.make_batch_invariant): over fixed row blocks."""
     blocked = False
+    packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return cpu_linear.linear(x, self.packed, self.out_features, self.bias)
         if self.blocked:
             return invariant.linear(x, self.weight, self.bias)
         return super().forward(x)
@@ -329,12 +335,12 @@ class Transformer(nn.Module):
         the Triton kernels where their probes pass."""
         self.invariant = True
         for m in self.modules():
-            if isinstance(m, Linear):
+            if isinstance(m, Linear) and m.packed is None:
                 m.blocked = not invariant.plain_linear_is_invariant(m.weight)
                 if m.blocked:
                     invariant.prepare(m.weight)
             elif isinstance(m, Attention):
-                a, w = m.args, m.o_proj.weight
+                a, w = m.args, self.lm_head.weight   # o_proj's may be packed (cpu/)
                 invariant.prepare_attention(a.num_kv_heads, a.num_heads // a.num_kv_heads,
                                             a.head_dim, w.dtype, w.device, a.attn_softcap)
 

@@ -63,6 +63,10 @@ def _rank(rank: int, world: int, port: int, target: str, draft: str | None, head
                              tp=tp)
         result = {"held": {n: tuple(p.shape) for n, p in
                            engine.model.named_parameters(remove_duplicate=False)}}
+        # A layer packed for the CPU's kernel (cpu_linear) holds its weight in that form.
+        result["held"].update({f"{n}.weight": (m.out_features, m.in_features)
+                               for n, m in engine.model.named_modules()
+                               if getattr(m, "packed", None) is not None})
         control = control_group()
         if rank:
             Path(out, f"rank{rank}.json").write_text(json.dumps(result))

@@ -1,0 +1,133 @@
+/* y = x W^T on the CPU at the speed of reading W, the same bits for a row whatever M is.
+ *
+ * A decode step's linear layers are matrix-vector products (M = 1-16 rows): each weight byte is
+ * used M times, so the step is bound by reading the weights from memory, and a kernel that
+ * streams W at the memory's bandwidth is the whole game. W is packed once at load into tiles of
+ * 64 output columns, [ceil(N / 64), K, 64]: tile t holds W[64 t .. 64 t + 63, :] transposed, so
+ * the inner loop reads one contiguous stream and multiplies it into 4 vector accumulators per row
+ * with a broadcast of x[r, j] (no horizontal sums, no gathers).
+ *
+ * Every output y[r, n] is one accumulator summed over j = 0 .. K-1 in order, with the same
+ * multiply-add, whatever M is and whichever group of rows r was computed in: a row's result is
+ * bitwise that of the row alone (batch-invariant, specdec/invariant.py). Rows are taken 6 at a
+ * time, so that 24 accumulators and the tile's 4 vectors fit in AVX-512's 32 registers; the tile
+ * (K x 256 bytes in float32) stays in L2 across row groups, which makes prefill's many rows run
+ * at the core's arithmetic rate.
+ *
+ * Written with GCC's portable vector extensions, compiled at load with -march=native for the
+ * machine that runs it (build.py): AVX-512 where the CPU has it, two AVX2 halves where not.
+ * bfloat16 weights and activations are widened to float32 (a shift), accumulated in float32 and
+ * rounded to bfloat16 to nearest even, as PyTorch rounds.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TILE 64
+#define GROUP 6
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+static inline v16 widen(u16x16 h) {
+    u32x16 u = __builtin_convertvector(h, u32x16) << 16;
+    v16 f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* acc[r][0..3] += tile row j (64 columns) * x[r, j], j = 0 .. k-1 in order. */
+#define ACCUMULATE(R, LOAD)                                                          \
+    v16 acc[R][4];                                                                   \
+    memset(acc, 0, sizeof acc);                                                      \
+    for (long j = 0; j < k; j++) {                                                   \
+        v16 w0, w1, w2, w3;                                                          \
+        LOAD;                                                                        \
+        for (int r = 0; r < R; r++) {                                                \
+            float s = x[r * k + j];                                                  \
+            acc[r][0] += w0 * s;                                                     \
+            acc[r][1] += w1 * s;                                                     \
+            acc[r][2] += w2 * s;                                                     \
+            acc[r][3] += w3 * s;                                                     \
+        }                                                                            \
+    }
+
+#define LOAD_F32                                                                     \
+    const v16 *wj = (const v16 *)(w + j * TILE);                                     \
+    w0 = wj[0]; w1 = wj[1]; w2 = wj[2]; w3 = wj[3]
+
+#define LOAD_BF16                                                                    \
+    const u16x16 *wj = (const u16x16 *)(w + j * TILE);                               \
+    w0 = widen(wj[0]); w1 = widen(wj[1]); w2 = widen(wj[2]); w3 = widen(wj[3])
+
+#define ROWS(R)                                                                      \
+static void f32_rows##R(const float *x, long k, const float *w, float *y, long ldy,  \
+                        int cols) {                                                  \
+    ACCUMULATE(R, LOAD_F32)                                                          \
+    for (int r = 0; r < R; r++)                                                      \
+        memcpy(y + r * ldy, acc[r], cols * sizeof(float));                           \
+}                                                                                    \
+static void bf16_rows##R(const float *x, long k, const uint16_t *w, uint16_t *y,     \
+                         long ldy, int cols) {                                       \
+    ACCUMULATE(R, LOAD_BF16)                                                         \
+    for (int r = 0; r < R; r++) {                                                    \
+        const float *a = (const float *)acc[r];                                      \
+        for (int c = 0; c < cols; c++)                                               \
+            y[r * ldy + c] = f32_to_bf16(a[c]);                                      \
+    }                                                                                \
+}
+ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
+
+typedef void (*f32_fn)(const float *, long, const float *, float *, long, int);
+typedef void (*bf16_fn)(const float *, long, const uint16_t *, uint16_t *, long, int);
+static const f32_fn F32[GROUP + 1] = {0, f32_rows1, f32_rows2, f32_rows3, f32_rows4,
+                                      f32_rows5, f32_rows6};
+static const bf16_fn BF16[GROUP + 1] = {0, bf16_rows1, bf16_rows2, bf16_rows3, bf16_rows4,
+                                        bf16_rows5, bf16_rows6};
+
+/* x [m, k], packed [ceil(n / 64), k, 64] (64-byte aligned), y [m, n]: all contiguous. Returns 0. */
+int linear_f32(const float *x, long m, long k, const float *packed, long n, float *y) {
+    for (long t = 0; t * TILE < n; t++) {
+        int cols = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+        for (long r = 0; r < m; r += GROUP) {
+            long rows = m - r < GROUP ? m - r : GROUP;
+            F32[rows](x + r * k, k, packed + t * k * TILE, y + r * n + t * TILE, n, cols);
+        }
+    }
+    return 0;
+}
+
+/* The same in bfloat16 (raw uint16 bits); returns 0, or -1 where memory ran out. */
+int linear_bf16(const uint16_t *x, long m, long k, const uint16_t *packed, long n,
+                uint16_t *y) {
+    float *xf = malloc((size_t)(m * k) * sizeof(float));
+    if (!xf)
+        return -1;
+    for (long i = 0; i < m * k; i++)
+        xf[i] = bf16_to_f32(x[i]);
+    for (long t = 0; t * TILE < n; t++) {
+        int cols = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+        for (long r = 0; r < m; r += GROUP) {
+            long rows = m - r < GROUP ? m - r : GROUP;
+            BF16[rows](xf + r * k, k, packed + t * k * TILE, y + r * n + t * TILE, n, cols);
+        }
+    }
+    free(xf);
+    return 0;
+}
