@@ -1,10 +1,13 @@
-"""Attention over the KV slot pool, by one of two kernels chosen once per forward.
+"""Attention over the KV slot pool, by one of three kernels chosen once per forward.
 
 - PyTorch SDPA (every device): the batch's keys and values are written into the pool, then
   read back as [B, kv_len] (a view for consecutive slots, else a gather) under a boolean mask.
 - flash-attn's `flash_attn_with_kvcache` (CUDA, fp16/bf16, when the package is installed): one
   kernel appends the new keys and values at each row's cached length and attends over the slot
   in place (`cache_batch_idx`), so nothing is gathered and the shapes do not depend on lengths.
+- The CPU's own (cpu/attention.c; float32/bfloat16, where the CPU kernels built): the keys and
+  values written, then each query over its slot's keys in place, no mask, each query's bits its
+  own (so also the exact mode's attention on the CPU).
 
 Both read and write the same pool, so one model may use either for any forward. flash-attn
 appends all T tokens of a row from its first position: a ragged row's padding lands in its own
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import invariant, invariant_attention
+from .cpu import attention as cpu_attention
 from .kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -49,14 +53,23 @@ class Plan:
     seqlens: torch.Tensor | None = None   # flash: [B] int32 tokens cached before this forward
     slots: torch.Tensor | None = None     # flash: [B] int32 slot of each row
     invariant: bool = False               # invariant.attention in place of SDPA
+    # The CPU's kernel: per token [B T] int64, the slot it is written to, its position and the
+    # slot it reads.
+    cpu: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
-         flash: FlashKernel | None, batch_invariant: bool = False) -> Plan:
+         flash: FlashKernel | None, batch_invariant: bool = False, cpu: bool = False) -> Plan:
     """windows: the model's layers' windows (0: global). Each row's run of positions starts at
     its cached length; batch.max_end bounds where flash-attn would write. batch_invariant:
-    every query attends as it would alone (invariant.py), never by flash-attn."""
+    every query attends as it would alone (invariant.py), never by flash-attn. cpu: the CPU's
+    kernel (the engine sets it where it is usable), invariant whatever batch_invariant says."""
     positions = batch.positions                                             # [B, T]
+    if cpu:
+        b, t = positions.shape
+        return Plan(cpu=(batch.write_slots.reshape(-1).contiguous(),
+                         positions.reshape(-1).contiguous(),
+                         batch.read_slots[:, None].expand(b, t).contiguous().view(-1)))
     if flash is not None and not batch_invariant and batch.max_end <= cache.max_len:
         return Plan(flash=flash, seqlens=positions[:, 0].to(torch.int32),
                     slots=batch.read_slots.to(torch.int32))
@@ -72,6 +85,9 @@ def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
            softcap: float | None = None) -> torch.Tensor:
     """q [B, T, H, D], k and v [B, T, KV, D] (rotated); returns [B, T, H, D]. scale: the
     queries' (None: D ** -0.5); softcap: scores become softcap * tanh(score / softcap)."""
+    if p.cpu is not None:
+        return cpu_attention.attend(q, k, v, cache.k[layer], cache.v[layer], *p.cpu, window,
+                                    scale or q.shape[-1] ** -0.5, softcap)
     if p.flash is not None:
         extra = {} if softcap is None else {"softcap": softcap}   # flash-attn >= 2.6
         return p.flash(q, cache.k[layer], cache.v[layer], k=k, v=v, cache_seqlens=p.seqlens,

@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from . import attention
-from .cpu import build as cpu_build, linear as cpu_linear
+from .cpu import attention as cpu_attention, build as cpu_build, linear as cpu_linear
 from .config import CheckpointError, ModelArgs
 from .draft_steps import StepRows, draft_steps
 from .eagle.checkpoint import load_head
@@ -322,6 +322,8 @@ def _pack_for_cpu(model: Transformer, device: torch.device, dtype: torch.dtype,
         if wanted:
             raise ValueError(f"cpu_kernel: {cpu_build.reason()}")
         return False
+    a = model.args
+    model.cpu_attention = cpu_attention.usable(a.num_heads, a.num_kv_heads, a.head_dim, dtype)
     return cpu_linear.pack_model(model) > 0
 
 

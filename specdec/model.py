@@ -323,6 +323,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_buffer(args), persistent=False)
         self.windows = tuple(sorted({args.window(i) or 0 for i in range(args.num_layers)}))
         self.flash: attention.FlashKernel | None = None  # set by the engine (CUDA, fp16/bf16)
+        self.cpu_attention = False   # the CPU's kernel (cpu/attention.py); set by the engine
         # Layers whose outputs (residual stream, before the next layer) forward also returns:
         # an EAGLE-3 head's features (eagle/). Set by the engine that serves the head.
         self.capture: tuple[int, ...] = ()
@@ -357,7 +358,8 @@ class Transformer(nn.Module):
             x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
         rotations = [rotation(self.args.ropes[r], self.inv_freq[r], batch.positions, x.dtype)
                      for r in range(len(self.inv_freq))]
-        plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant)
+        plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant,
+                              self.cpu_attention)
         captured = {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, *rotations[layer.rope], plan, batch, cache)

@@ -83,9 +83,9 @@ class SkipView:
     """The target over its kept layers: usable wherever an Engine takes a Transformer.
 
     args: the target's with num_layers = the kept layers (the engine sizes its KV pool by it);
-    layer_windows still indexed by the target's layer numbers. flash and the batch-invariant
-    attention are this view's own (its engine sets them); the linear layers are the target's
-    modules, blocked or not as the target's engine made them."""
+    layer_windows still indexed by the target's layer numbers. flash, the batch-invariant
+    attention and the CPU's attention kernel are this view's own (its engine sets them); the
+    linear layers are the target's modules, blocked or packed as the target's engine made them."""
 
     def __init__(self, target: Transformer, skip: Sequence[int]):
         n = target.args.num_layers
@@ -98,6 +98,7 @@ class SkipView:
         self.lm_head = target.lm_head
         self.windows = tuple(sorted({target.args.window(i) or 0 for i in self.kept}))
         self.flash, self.invariant = target.flash, target.invariant
+        self.cpu_attention = target.cpu_attention
         self.capture: tuple[int, ...] = ()   # never a head's features: those are the target's
         self._renumbered: tuple[KVCache | None, KVCache | None] = (None, None)
 
@@ -125,7 +126,8 @@ class SkipView:
             x = x * torch.tensor(t.args.hidden_size ** 0.5, dtype=x.dtype)
         rotations = [rotation(t.args.ropes[r], t.inv_freq[r], batch.positions, x.dtype)
                      for r in range(len(t.inv_freq))]
-        plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant)
+        plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant,
+                              self.cpu_attention)
         for layer in self.layers:
             x = layer(x, *rotations[layer.rope], plan, batch, cache)
         return t.model.norm(x)

@@ -5,7 +5,7 @@ for the CPU that runs them (AVX-512 where it has it), into a cache directory
 (`$SPECDEC_CACHE_DIR`, else ~/.cache/specdec) under a name that hashes the sources, the flags, the
 compiler and the CPU's features; then loaded with ctypes. `load` returns None, and `reason` says
 why, where there is no compiler, the build fails, or the built kernels compute wrongly here
-(linear.check): the engine then keeps PyTorch's operators.
+(linear.check, attention.check): the engine then keeps PyTorch's operators.
 """
 from __future__ import annotations
 
@@ -33,9 +33,11 @@ def load() -> ctypes.CDLL | None:
     if "lib" not in _loaded:
         try:
             lib = ctypes.CDLL(str(build()))
-            from . import linear
+            from . import attention, linear
             linear.declare(lib)
+            attention.declare(lib)
             linear.check(lib)
+            attention.check(lib)
             _loaded["lib"] = lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             _loaded["lib"] = str(e)

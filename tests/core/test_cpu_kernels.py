@@ -1,22 +1,26 @@
 """specdec/cpu: the CPU's kernels, built at load, exact per row at any row count.
 
-The linear kernel must agree with F.linear within float rounding, give each row the bits it gets
-alone (the exact mode counts on it), serve every model.Linear of an engine on the CPU, and leave a
-machine where it cannot build on PyTorch's operators with the reason said.
+The linear kernel must agree with F.linear within float rounding and the attention kernel with a
+float64 softmax over each query's keys; each must give a row (a query) the bits it gets alone
+(the exact mode counts on it); an engine on the CPU must serve with both, every family's
+variations included (windows, capped scores, partial rotary, q/k norms, biases), and a machine
+where they cannot build must keep PyTorch's operators with the reason said.
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.cpu import build, linear
+from specdec.cpu import attention, build, linear
 from specdec.engine import Engine
 from specdec.model import Batch, Linear
 from specdec.records import Request
 from tests.core.conftest import generate
+from tests.tiny_checkpoints import make_checkpoint
 
 LIB = build.load()
 needs_kernel = pytest.mark.skipif(LIB is None, reason=f"no CPU kernels here: {build.reason()}")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
+CPU = torch.device("cpu")
 
 
 @needs_kernel
@@ -98,6 +102,84 @@ def test_greedy_output_is_the_unpacked_engines(pair_dir):
     assert runs[True][0] == runs[True][1] and runs[True][2] == runs[True][3]
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv,d,window,cap", [(9, 3, 64, 0, None), (4, 1, 32, 8, None),
+                                                   (8, 8, 16, 0, 50.0), (4, 2, 96, 5, 20.0)])
+def test_attention_equals_a_float64_softmax_and_each_query_is_its_own(dtype, heads, kv, d,
+                                                                     window, cap):
+    gen = torch.Generator().manual_seed(heads * 100 + d)
+    slots, max_len = 4, 70
+    ck = torch.randn(slots, max_len, kv, d, generator=gen).to(dtype)
+    cv = torch.randn(slots, max_len, kv, d, generator=gen).to(dtype)
+    # Two rows of 4 tokens each: a verification from position 30 in slot 1, a prefill's tail in
+    # slot 2 (positions 0-3), and a padded token of row 1 that writes to scratch slot 3.
+    positions = torch.tensor([[30, 31, 32, 33], [0, 1, 2, 3]])
+    write = torch.tensor([[1, 1, 1, 1], [2, 2, 2, 3]])
+    read = torch.tensor([1, 2])
+    q = torch.randn(2, 4, heads, d, generator=gen).to(dtype)
+    qkv = torch.randn(2, 4, 2 * kv, d, generator=gen).to(dtype)
+    k, v = qkv[:, :, :kv], qkv[:, :, kv:]            # token-strided views, as the model hands them
+    scale = d ** -0.5
+    flat = (write.reshape(-1).contiguous(), positions.reshape(-1).contiguous(),
+            read[:, None].expand(2, 4).contiguous().view(-1))
+    out = attention.attend(q, k, v, ck, cv, *flat, window, scale, cap)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.equal(ck[write, positions], k) and torch.equal(cv[write, positions], v)
+    ref = attention.reference(q.view(8, heads, d), ck, cv, flat[2], flat[1], window, scale, cap)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.view(8, heads, d).double(), ref, rtol=tol, atol=tol)
+    # Each query alone (the same pool, its own token written again: the same values) has the
+    # bits it had among the others.
+    for b in range(2):
+        for t in range(4):
+            one = attention.attend(q[b:b + 1, t:t + 1], k[b:b + 1, t:t + 1], v[b:b + 1, t:t + 1],
+                                   ck, cv, write[b, t:t + 1].clone(), positions[b, t:t + 1].clone(),
+                                   read[b:b + 1].clone(), window, scale, cap)
+            assert torch.equal(one[0, 0], out[b, t]), (b, t)
+
+
+@needs_kernel
+def test_attention_refuses_a_non_contiguous_index():
+    q = torch.randn(1, 2, 2, 16)
+    kv = torch.randn(1, 2, 1, 16)
+    cache = torch.zeros(2, 8, 1, 16)
+    strided = torch.tensor([0, 0, 0, 0])[::2]
+    with pytest.raises(ValueError, match="contiguous int64 per token"):
+        attention.attend(q, kv, kv, cache, cache.clone(), strided, torch.tensor([0, 1]),
+                         torch.tensor([0, 0]), 0, 0.25, None)
+
+
+@needs_kernel
+@pytest.mark.parametrize("variant", ["llama3_gqa_tied", "mistral_window", "qwen2_bias",
+                                     "qwen3_window", "gemma2", "gemma3", "phi3_longrope"])
+def test_an_engine_on_the_kernels_scores_as_pytorch_does(tmp_path, variant):
+    """Logits of a ragged batch (a prefill beside a verification, padding between) through
+    the engine's forward, on the CPU kernels and on PyTorch's operators, agree in float32; the
+    kernels' engine serves its attention by them."""
+    path = make_checkpoint(tmp_path / variant, variant)
+    engines = [Engine.load(str(path), 4, 96, torch.float32, CPU, cpu_kernel=k)
+               for k in (False, True)]
+    assert engines[1].model.cpu_attention and not engines[0].model.cpu_attention
+    outs = []
+    for e in engines:
+        prefill = Batch.build([list(range(3, 40))], [0], [0], e.cache, CPU)
+        verify = Batch.build([[7, 8, 9], [11] * 20], [37, 0], [0, 1], e.cache, CPU)
+        with torch.inference_mode():
+            e.model(prefill, e.cache)
+            outs.append(e.model.logits(e.model(verify, e.cache))[:, :3])
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-4, atol=2e-4)
+
+
+@needs_kernel
+def test_a_head_size_the_attention_kernel_cannot_take_keeps_sdpa(tmp_path):
+    path = make_checkpoint(tmp_path / "odd", "llama2", head_dim=12)
+    e = Engine.load(str(path), 2, 64, torch.float32, CPU)
+    assert e.cpu_kernel and not e.model.cpu_attention
+    assert not attention.usable(4, 4, 12, torch.float32)
+    assert attention.usable(4, 4, 16, torch.float32)
+
+
 def test_no_compiler_keeps_pytorch(monkeypatch, tmp_path, pair_dir, caplog):
     monkeypatch.setattr(build, "_loaded", {})
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
@@ -110,6 +192,7 @@ def test_no_compiler_keeps_pytorch(monkeypatch, tmp_path, pair_dir, caplog):
     assert not e.cpu_kernel
     assert all(m.packed is None and m.weight is not None
                for m in e.model.modules() if isinstance(m, Linear))
+    assert not e.model.cpu_attention
     with pytest.raises(ValueError, match="cpu_kernel: .*/bin/false failed"):
         Engine.load(str(target), 1, 64, torch.float32, torch.device("cpu"), cpu_kernel=True)
 

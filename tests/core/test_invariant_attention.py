@@ -210,7 +210,8 @@ def test_prepare_probes_only_16_bit_cuda(monkeypatch):
 
 def test_an_engine_on_the_kernel_stays_exact(tmp_path, monkeypatch):
     """The invariant engine with its attention on the kernel (probed here for the CPU, which
-    serving never does), two rows batched: speculative greedy output equals target-only's, and
+    serving never does, and the CPU's own kernels off, which would serve in its place), two rows
+    batched: speculative greedy output equals target-only's, and
     target-only's equals the plain engine's (SDPA), greedy and by seeded sampling (these random
     weights' greedy text repeats one token; a sample follows the whole distribution: a kernel
     ignoring Gemma 2's window changes it). With 64-key splits over a 72-token prompt, and
@@ -231,11 +232,11 @@ def test_an_engine_on_the_kernel_stays_exact(tmp_path, monkeypatch):
     def run(target, k, sampling=SamplingParams()):
         return [r[0] for r in generate(target, draft, [Request(p, n, k, sampling) for p, n in
                                                        zip(prompts, (10, 16))])]
-    sdpa = Engine(load_model(str(target_dir), torch.float32, CPU), 8, 96, CPU)
+    sdpa = Engine(load_model(str(target_dir), torch.float32, CPU), 8, 96, CPU, cpu_kernel=False)
     seeded = SamplingParams(temperature=1.0, seed=11)
     plain, sampled = run(sdpa, 0), run(sdpa, 0, seeded)
     launched = record_launches(monkeypatch)
-    target = Engine(model, 8, 96, CPU, batch_invariant=True)
+    target = Engine(model, 8, 96, CPU, batch_invariant=True, cpu_kernel=False)
     assert run(target, 0) == plain and [len(t) for t in plain] == [10, 16]
     assert run(target, 0, seeded) == sampled
     merged = sum(name == "merge" for name, _ in launched)
