@@ -53,9 +53,10 @@ class Plan:
     seqlens: torch.Tensor | None = None   # flash: [B] int32 tokens cached before this forward
     slots: torch.Tensor | None = None     # flash: [B] int32 slot of each row
     invariant: bool = False               # invariant.attention in place of SDPA
-    # The CPU's kernel: per token [B T] int64, the slot it is written to, its position and the
-    # slot it reads.
+    # The CPU's kernel: per token int64, the slot it is written to, its position and the slot it
+    # reads: [B T], or [N] for the real tokens `real` indexes in [B T] (batch.real).
     cpu: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    real: torch.Tensor | None = None
 
 
 def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
@@ -67,9 +68,11 @@ def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
     positions = batch.positions                                             # [B, T]
     if cpu:
         b, t = positions.shape
-        return Plan(cpu=(batch.write_slots.reshape(-1).contiguous(),
-                         positions.reshape(-1).contiguous(),
-                         batch.read_slots[:, None].expand(b, t).contiguous().view(-1)))
+        per_token = (batch.write_slots.reshape(-1), positions.reshape(-1),
+                     batch.read_slots[:, None].expand(b, t).reshape(-1))
+        if batch.real is not None:
+            per_token = tuple(x[batch.real] for x in per_token)
+        return Plan(cpu=tuple(x.contiguous() for x in per_token), real=batch.real)
     if flash is not None and not batch_invariant and batch.max_end <= cache.max_len:
         return Plan(flash=flash, seqlens=positions[:, 0].to(torch.int32),
                     slots=batch.read_slots.to(torch.int32))

@@ -40,6 +40,7 @@ class Batch:
     last: torch.Tensor          # [B] index of each row's last real token
     first_slot: int | None = None  # rows read slots first_slot.. in order: a view, no gather
     max_end: int = 0            # host bound on a row's first position + T (flash-attn's writes)
+    real: torch.Tensor | None = None  # CPU: [N] the real tokens' indices in [B T]; None: all are
 
     @classmethod
     def build(cls, rows: list[list[int]] | torch.Tensor, starts: list[int], slots: list[int],
@@ -64,11 +65,15 @@ class Batch:
         write = torch.where(real, torch.tensor(slots)[:, None], cache.scratch)
         kv_len = min(max(s + max(k, 1) for s, k in zip(starts, n)), cache.max_len)
         consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
+        # The CPU's kernels take the real tokens alone (Transformer.forward): a prefill beside
+        # one-token rows costs its own tokens, not every row padded to its length.
+        flat = device.type == "cpu" and sum(n) < real.numel()
         return cls(tokens.to(device), positions.to(device), write.to(device),
                    torch.tensor(slots).to(device), kv_len,
                    (torch.tensor(n).clamp(min=1) - 1).to(device),
                    slots[0] if consecutive else None,
-                   min(max(starts), cache.max_len - 1) + t_max)
+                   min(max(starts), cache.max_len - 1) + t_max,
+                   real.view(-1).nonzero().view(-1) if flat else None)
 
 def inverse_frequencies(rope: Rope, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's inverse frequencies [dim / 2] for positions below rope.original_max_position and
@@ -353,22 +358,38 @@ class Transformer(nn.Module):
         """Hidden states [B, T, hidden] after the final norm; the batch's KV is now cached.
         With `capture`, [B, T, hidden * (1 + len(capture))]: the captured layers' outputs
         follow, in the order capture names them (one tensor: a CUDA graph has one output)."""
-        x = self.model.embed_tokens(batch.tokens)
-        if self.args.embed_scale:   # rounded to the weights' dtype first, as Gemma does
-            x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
-        rotations = [rotation(self.args.ropes[r], self.inv_freq[r], batch.positions, x.dtype)
-                     for r in range(len(self.inv_freq))]
         plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant,
                               self.cpu_attention)
+        return self.run(self.model.layers, batch, cache, plan, self.capture)
+
+    def run(self, layers, batch: Batch, cache: KVCache, plan: attention.Plan,
+            capture: tuple[int, ...] = ()) -> torch.Tensor:
+        """Embed, `layers` (this model's, or some of them: swift.SkipView), the final norm.
+        On the CPU's kernels (plan.real) the batch's real tokens run as one row [1, N], padding
+        dropped, and come back to their places in [B, T] (zeros at padding)."""
+        tokens, positions = batch.tokens, batch.positions
+        if plan.real is not None:
+            tokens = tokens.reshape(-1)[plan.real][None]                           # [1, N]
+            positions = positions.reshape(-1)[plan.real][None]
+        x = self.model.embed_tokens(tokens)
+        if self.args.embed_scale:   # rounded to the weights' dtype first, as Gemma does
+            x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
+        rotations = [rotation(self.args.ropes[r], self.inv_freq[r], positions, x.dtype)
+                     for r in range(len(self.inv_freq))]
         captured = {}
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(layers):
             x = layer(x, *rotations[layer.rope], plan, batch, cache)
-            if i in self.capture:
+            if i in capture:
                 captured[i] = x
         x = self.model.norm(x)
-        if not self.capture:
+        if capture:
+            x = torch.cat([x] + [captured[i] for i in capture], -1)
+        if plan.real is None:
             return x
-        return torch.cat([x] + [captured[i] for i in self.capture], -1)
+        b, t = batch.tokens.shape
+        full = x.new_zeros(b * t, x.shape[-1])
+        full[plan.real] = x[0]
+        return full.view(b, t, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

@@ -24,7 +24,7 @@ import torch
 
 from . import attention
 from .kv_cache import KVCache
-from .model import Batch, Transformer, rotation
+from .model import Batch, Transformer
 
 SETTING = "SPECDEC_SELF_SKIP"
 
@@ -120,17 +120,9 @@ class SkipView:
         if self._renumbered[0] is not cache:
             self._renumbered = (cache, cache.renumbered(self.kept))
         cache = self._renumbered[1]
-        t = self.target
-        x = t.model.embed_tokens(batch.tokens)
-        if t.args.embed_scale:
-            x = x * torch.tensor(t.args.hidden_size ** 0.5, dtype=x.dtype)
-        rotations = [rotation(t.args.ropes[r], t.inv_freq[r], batch.positions, x.dtype)
-                     for r in range(len(t.inv_freq))]
         plan = attention.plan(batch, cache, self.windows, self.flash, self.invariant,
                               self.cpu_attention)
-        for layer in self.layers:
-            x = layer(x, *rotations[layer.rope], plan, batch, cache)
-        return t.model.norm(x)
+        return self.target.run(self.layers, batch, cache, plan)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.logits(hidden)

@@ -155,8 +155,8 @@ def test_attention_refuses_a_non_contiguous_index():
                                      "qwen3_window", "gemma2", "gemma3", "phi3_longrope"])
 def test_an_engine_on_the_kernels_scores_as_pytorch_does(tmp_path, variant):
     """Logits of a ragged batch (a prefill beside a verification, padding between) through
-    the engine's forward, on the CPU kernels and on PyTorch's operators, agree in float32; the
-    kernels' engine serves its attention by them."""
+    the engine's forward, on the CPU kernels (its real tokens alone) and on PyTorch's operators
+    ([B, T] padded), agree in float32; the kernels' engine serves its attention by them."""
     path = make_checkpoint(tmp_path / variant, variant)
     engines = [Engine.load(str(path), 4, 96, torch.float32, CPU, cpu_kernel=k)
                for k in (False, True)]
@@ -165,6 +165,7 @@ def test_an_engine_on_the_kernels_scores_as_pytorch_does(tmp_path, variant):
     for e in engines:
         prefill = Batch.build([list(range(3, 40))], [0], [0], e.cache, CPU)
         verify = Batch.build([[7, 8, 9], [11] * 20], [37, 0], [0, 1], e.cache, CPU)
+        assert verify.real is not None and len(verify.real) == 23   # its padding dropped
         with torch.inference_mode():
             e.model(prefill, e.cache)
             outs.append(e.model.logits(e.model(verify, e.cache))[:, :3])
