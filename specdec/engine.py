@@ -28,7 +28,7 @@ from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities
 from .transfer import to_device
-from .verify import verify as verify_drafts
+from .verify import verify as verify_drafts, verify_greedy
 from .weights import load_model
 
 
@@ -202,7 +202,7 @@ class Engine:
             return results
         cs = [calls[i] for i in good]
         ks = [len(c.drafts) for c in cs]
-        k_max, v = max(ks), self.vocab_size
+        k_max = max(ks)
         batch = Batch.build([c.tokens + c.drafts for c in cs], [c.start for c in cs], slots,
                             self.cache, self.device)
         hidden = self._forward(batch)                                      # [B, T, D (+ A D)]
@@ -215,23 +215,16 @@ class Engine:
             max=hidden.shape[1] - 1)
         hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
         s = BatchSampling.stack([c.sampling for c in cs], self.device)
-        p = probabilities(self._logits(hidden), s)                         # [B, K+1, V]
+        logits = self._logits(hidden)                                      # [B, K+1, V]
         drafts = to_device([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs], self.device)
-        q = None
-        if any(c.draft_probs is not None for c in cs):
-            q = torch.zeros(len(cs), k_max, v, device=self.device)
-            # Copies of materialized rows, no compute per row; a call without q gets the one-hot
-            # rows that verify assumes when q is None, so both paths accept and correct alike.
-            for b, c in enumerate(cs):
-                k = len(c.drafts)
-                if c.draft_probs is not None and k:
-                    w = min(v, c.draft_probs.shape[-1])
-                    q[b, :k, :w] = c.draft_probs[:, :w].to(self.device, torch.float32,
-                                                           non_blocking=True)
-                elif k:
-                    q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
-        first = to_device([c.start + len(c.tokens) for c in cs], self.device)
-        accepted_t, nxt_t = verify_drafts(p, q, drafts, to_device(ks, self.device), s, first)
+        num_drafts = to_device(ks, self.device)
+        if s.all_greedy:
+            accepted_t, nxt_t = verify_greedy(logits.argmax(-1), drafts, num_drafts)
+        else:
+            q = self._draft_probs(cs, drafts, k_max)
+            first = to_device([c.start + len(c.tokens) for c in cs], self.device)
+            accepted_t, nxt_t = verify_drafts(probabilities(logits, s), q, drafts, num_drafts, s,
+                                              first)
         accepted, nxt = accepted_t.tolist(), nxt_t.tolist()                # the one sync
         followers = [d for d in self.drafters.values() if d.follows_commits]
         for b, (i, c) in enumerate(zip(good, cs)):
@@ -247,6 +240,25 @@ class Engine:
             self._draft_next(cs, [results[i] for i in good], scored, features, batch, slots,
                              nxt_t)
         return results
+
+    def _draft_probs(self, cs: list[VerifyCall], drafts: torch.Tensor,
+                     k_max: int) -> torch.Tensor | None:
+        """q [B, K, V] for verify, or None where no call sent its draft's probabilities."""
+        if all(c.draft_probs is None for c in cs):
+            return None
+        v = self.vocab_size
+        q = torch.zeros(len(cs), k_max, v, device=self.device)
+        # Copies of materialized rows, no compute per row; a call without q gets the one-hot
+        # rows that verify assumes when q is None, so both paths accept and correct alike.
+        for b, c in enumerate(cs):
+            k = len(c.drafts)
+            if c.draft_probs is not None and k:
+                w = min(v, c.draft_probs.shape[-1])
+                q[b, :k, :w] = c.draft_probs[:, :w].to(self.device, torch.float32,
+                                                       non_blocking=True)
+            elif k:
+                q[b, :k] = torch.nn.functional.one_hot(drafts[b, :k], v).float()
+        return q
 
     def with_kept_q(self, c: VerifyCall) -> VerifyCall:
         """A proposal drafted here is verified with the q it was drawn from (kept here); a

@@ -55,3 +55,18 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, num_dr
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_m)
     next_token = sample(residual, s, positions.gather(1, accepted[:, None]), RESAMPLE)[:, 0]
     return accepted, next_token
+
+
+def verify_greedy(top: torch.Tensor, drafts: torch.Tensor,
+                  num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` where every row is greedy: p is one-hot at the target's argmax top [B, K+1], so
+    a draft is accepted exactly when it is the argmax (q(d) > 0 for a drafted d, and any u > 0)
+    and the token after the accepted run is the argmax there, whatever q is. The same result
+    without a [B, K+1, V] tensor."""
+    b, k = drafts.shape
+    if k > 0:
+        ok = (drafts == top[:, :k]) & (torch.arange(k, device=top.device) < num_drafts[:, None])
+        accepted = ok.to(torch.int64).cumprod(-1).sum(-1)                          # [B]
+    else:
+        accepted = torch.zeros(b, dtype=torch.int64, device=top.device)
+    return accepted, top.gather(1, accepted[:, None])[:, 0]

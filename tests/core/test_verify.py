@@ -1,8 +1,9 @@
-"""verify() with q = None is one-hot q at the drafts, for any p: greedy or sampled."""
+"""verify() with q = None is one-hot q at the drafts, for any p: greedy or sampled; and
+verify_greedy, which takes only the argmax, is verify when every row is greedy, whatever q."""
 import torch
 
 from specdec.sampling import BatchSampling, SamplingParams, probabilities
-from specdec.verify import verify
+from specdec.verify import verify, verify_greedy
 
 B, K, V = 64, 4, 7
 
@@ -67,3 +68,20 @@ def test_engine_mixed_batch_matches_calls_without_q_alone(pair_dir):
     assert [(v.tokens, v.num_accepted) for v in alone] == \
         [(v.tokens, v.num_accepted) for v in mixed]
     assert any(v.num_accepted < len(drafts) for v in alone) and any(v.num_accepted for v in alone)
+
+
+def test_greedy_rows_need_only_the_argmax():
+    p, q, drafts, num_drafts, s, first = _case(temperature=0.0)
+    top = p.argmax(-1)
+    fast = verify_greedy(top, drafts, num_drafts)
+    # A sampled draft's q (any distribution with mass on its drafts) changes nothing at t = 0.
+    gen = torch.Generator().manual_seed(5)
+    sampled_q = torch.rand(B, K, V, generator=gen, dtype=p.dtype) + q
+    sampled_q = sampled_q / sampled_q.sum(-1, keepdim=True)
+    for qq in (None, q, sampled_q):
+        acc, nxt = verify(p, qq, drafts, num_drafts, s, first)
+        assert torch.equal(fast[0], acc) and torch.equal(fast[1], nxt)
+    assert 0 < (fast[0] < num_drafts).sum() < B and (fast[0] > 0).any()
+    none = verify_greedy(top[:, :1], drafts[:, :0], torch.zeros(B, dtype=torch.int64))
+    assert torch.equal(none[0], torch.zeros(B, dtype=torch.int64))
+    assert torch.equal(none[1], top[:, 0])
