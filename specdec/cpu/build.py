@@ -22,6 +22,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.c")))
+HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared")
 
 _loaded: dict[str, ctypes.CDLL | str] = {}
@@ -34,6 +35,9 @@ def load() -> ctypes.CDLL | None:
         try:
             lib = ctypes.CDLL(str(build()))
             from . import attention, linear
+            lib.set_threads.argtypes = [ctypes.c_int]
+            lib.set_threads.restype = ctypes.c_int
+            lib.get_threads.restype = ctypes.c_int
             linear.declare(lib)
             attention.declare(lib)
             linear.check(lib)
@@ -45,6 +49,19 @@ def load() -> ctypes.CDLL | None:
                         e)
     lib = _loaded["lib"]
     return lib if isinstance(lib, ctypes.CDLL) else None
+
+
+def set_threads(n: int) -> int:
+    """Threads each kernel call uses from now on, the calling one included (pool.c; 1 until
+    set); returns the number set. Where the library is not loaded, 1."""
+    lib = load()
+    return lib.set_threads(n) if lib is not None else 1
+
+
+def threads() -> int:
+    """Threads each kernel call uses (set_threads)."""
+    lib = load()
+    return lib.get_threads() if lib is not None else 1
 
 
 def reason() -> str | None:
@@ -65,8 +82,9 @@ def build() -> Path:
         raise RuntimeError("no C compiler (set CC, or install gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              timeout=60).stdout.splitlines()[:1]
-    key = hashlib.sha256("\0".join([*(s.read_text() for s in SOURCES), *FLAGS, *version,
-                                    platform.machine(), _cpu_flags()]).encode()).hexdigest()
+    texts = [s.read_text() for s in SOURCES + HEADERS]
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, *version, platform.machine(),
+                                    _cpu_flags()]).encode()).hexdigest()
     out = _writable(cache_dir()) / f"specdec-cpu-{key[:16]}.so"
     if out.is_file():
         return out
@@ -75,7 +93,7 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
+        done = subprocess.run([cc, *FLAGS, "-pthread", "-o", tmp, *map(str, SOURCES), "-lm"],
                               capture_output=True, text=True, timeout=300)
         if done.returncode:
             raise RuntimeError(f"{cc} failed on the CPU kernels: {done.stderr.strip()[-2000:]}")

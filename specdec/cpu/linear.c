@@ -14,6 +14,9 @@
  * (K x 256 bytes in float32) stays in L2 across row groups, which makes prefill's many rows run
  * at the core's arithmetic rate.
  *
+ * Output tiles are parallel_for's items (pool.c): whichever thread computes a tile, it is the same
+ * arithmetic.
+ *
  * Written with GCC's portable vector extensions, compiled at load with -march=native for the
  * machine that runs it (build.py): AVX-512 where the CPU has it, two AVX2 halves where not.
  * bfloat16 weights and activations are widened to float32 (a shift), accumulated in float32 and
@@ -22,6 +25,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "pool.h"
 
 #define TILE 64
 #define GROUP 6
@@ -101,15 +106,38 @@ static const f32_fn F32[GROUP + 1] = {0, f32_rows1, f32_rows2, f32_rows3, f32_ro
 static const bf16_fn BF16[GROUP + 1] = {0, bf16_rows1, bf16_rows2, bf16_rows3, bf16_rows4,
                                         bf16_rows5, bf16_rows6};
 
+struct call {
+    const float *x;          /* [m, k] float32 (bfloat16 inputs widened first) */
+    const void *packed;
+    void *y;
+    long m, k, n;
+};
+
+/* One item of parallel_for: output tile t for every row. */
+static void f32_tile(void *arg, long t) {
+    const struct call *c = arg;
+    int cols = c->n - t * TILE < TILE ? (int)(c->n - t * TILE) : TILE;
+    for (long r = 0; r < c->m; r += GROUP) {
+        long rows = c->m - r < GROUP ? c->m - r : GROUP;
+        F32[rows](c->x + r * c->k, c->k, (const float *)c->packed + t * c->k * TILE,
+                  (float *)c->y + r * c->n + t * TILE, c->n, cols);
+    }
+}
+
+static void bf16_tile(void *arg, long t) {
+    const struct call *c = arg;
+    int cols = c->n - t * TILE < TILE ? (int)(c->n - t * TILE) : TILE;
+    for (long r = 0; r < c->m; r += GROUP) {
+        long rows = c->m - r < GROUP ? c->m - r : GROUP;
+        BF16[rows](c->x + r * c->k, c->k, (const uint16_t *)c->packed + t * c->k * TILE,
+                   (uint16_t *)c->y + r * c->n + t * TILE, c->n, cols);
+    }
+}
+
 /* x [m, k], packed [ceil(n / 64), k, 64] (64-byte aligned), y [m, n]: all contiguous. Returns 0. */
 int linear_f32(const float *x, long m, long k, const float *packed, long n, float *y) {
-    for (long t = 0; t * TILE < n; t++) {
-        int cols = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-        for (long r = 0; r < m; r += GROUP) {
-            long rows = m - r < GROUP ? m - r : GROUP;
-            F32[rows](x + r * k, k, packed + t * k * TILE, y + r * n + t * TILE, n, cols);
-        }
-    }
+    struct call c = {x, packed, y, m, k, n};
+    parallel_for(f32_tile, &c, (n + TILE - 1) / TILE);
     return 0;
 }
 
@@ -121,13 +149,8 @@ int linear_bf16(const uint16_t *x, long m, long k, const uint16_t *packed, long 
         return -1;
     for (long i = 0; i < m * k; i++)
         xf[i] = bf16_to_f32(x[i]);
-    for (long t = 0; t * TILE < n; t++) {
-        int cols = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-        for (long r = 0; r < m; r += GROUP) {
-            long rows = m - r < GROUP ? m - r : GROUP;
-            BF16[rows](xf + r * k, k, packed + t * k * TILE, y + r * n + t * TILE, n, cols);
-        }
-    }
+    struct call c = {xf, packed, y, m, k, n};
+    parallel_for(bf16_tile, &c, (n + TILE - 1) / TILE);
     free(xf);
     return 0;
 }

@@ -33,6 +33,18 @@ def cuda_line(device) -> str:
             f"{torch.version.cuda}, cuDNN {cudnn or 'unavailable'}")
 
 
+def cpu_line(engine) -> str:
+    """What a CPU engine computes with: the CPU's own kernels and their threads, or PyTorch's
+    operators and why."""
+    from ..cpu import build
+    if not engine.cpu_kernel:
+        reason = build.reason() or f"not for {str(engine.dtype).removeprefix('torch.')}"
+        return f"PyTorch's operators on the CPU (the CPU kernels: {reason})"
+    attention = "attention" if engine.model.cpu_attention else "not attention (SDPA)"
+    return (f"the CPU kernels ({build.threads()} threads): linear layers and {attention} "
+            f"({build.load()._name})")
+
+
 def graphs_line(engine) -> str:
     """What capturing an engine's CUDA graphs (and its head's) took at load."""
     parts = engine.graphed_forwards

@@ -18,7 +18,7 @@ from ..config import ModelArgs
 from ..records import Proposer
 from . import calls, faults
 from .adapter import error_response, parameters, read_inputs, triton_error
-from .checks import check_one_instance, cuda_line, graphs_line, say
+from .checks import check_one_instance, cpu_line, cuda_line, graphs_line, say
 from .requests import InvalidInput
 from .engine_settings import EngineSettings, check_device
 from .settings import InTargetSettings
@@ -64,10 +64,12 @@ class _EngineModel:
             return
         import torch
 
+        from ..cpu import build as cpu_build
         from ..engine import Engine
         from .drafters import attach
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
+            cpu_build.set_threads(s.kernel_thread_count())
         vocab = ModelArgs.from_dir(s.target_model_path).vocab_size
         self.check_pair(s, vocab)
         devices = s.rank_devices() if self.role == "target" else [s.torch_device()]
@@ -90,6 +92,8 @@ class _EngineModel:
         else:
             self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
                                       device, **options)
+            if device.type == "cpu":
+                say(f"{self.role}_model", cpu_line(self.engine))
             if self.engine.graphs is not None:
                 self.engine.capture_graphs()
                 say(f"{self.role}_model", graphs_line(self.engine))

@@ -219,3 +219,81 @@ def test_float64_and_other_devices_keep_pytorch(pair_dir):
     assert not e.cpu_kernel
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         Engine.load(str(target), 1, 64, torch.float64, torch.device("cpu"), cpu_kernel=True)
+
+
+@pytest.fixture
+def two_threads():
+    assert build.set_threads(2) == 2
+    yield
+    build.set_threads(1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_threads_share_a_call_and_change_no_bit(dtype, two_threads):
+    """Tiles and queries shared out between threads (pool.c) give the bits of one thread."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(64 * 40 + 5, 96, generator=gen).to(dtype)
+    x = torch.randn(9, 96, generator=gen).to(dtype)
+    packed = linear.pack(w)
+    q = torch.randn(1, 24, 8, 32, generator=gen).to(dtype)
+    kv = torch.randn(1, 24, 4, 32, generator=gen).to(dtype)
+    cache = torch.randn(4, 64, 2, 32, generator=gen).to(dtype)
+    per_token = (torch.arange(24) % 3, torch.arange(24) + 10, torch.arange(24) % 3)
+
+    def both():
+        ck, cv = cache.clone(), cache.clone()
+        return (linear.linear(x, packed, w.shape[0]),
+                attention.attend(q, kv[:, :, :2], kv[:, :, 2:], ck, cv, *per_token, 0, 0.2, None))
+    shared = [both() for _ in range(5)]
+    build.set_threads(1)
+    alone = both()
+    for y, a in shared:
+        assert torch.equal(y, alone[0]) and torch.equal(a, alone[1])
+
+
+@needs_kernel
+def test_calls_from_two_threads_at_once_are_each_right(two_threads):
+    """Two engines of one process may call from two threads: one call has the helpers, the
+    other runs on its own thread; both right."""
+    import threading
+    gen = torch.Generator().manual_seed(4)
+    ws = [torch.randn(64 * 30, 128, generator=gen) for _ in range(2)]
+    xs = [torch.randn(5, 128, generator=gen) for _ in range(2)]
+    packed = [linear.pack(w) for w in ws]
+    want = [linear.linear(x, p, w.shape[0]) for x, p, w in zip(xs, packed, ws)]
+    bad = []
+
+    def run(i):
+        for _ in range(200):
+            if not torch.equal(linear.linear(xs[i], packed[i], ws[i].shape[0]), want[i]):
+                bad.append(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not bad and not any(t.is_alive() for t in threads)
+
+
+@needs_kernel
+def test_a_forked_child_starts_its_own_helpers(two_threads):
+    import os
+    w = torch.randn(64 * 20, 64)
+    x = torch.randn(3, 64)
+    packed = linear.pack(w)
+    want = linear.linear(x, packed, w.shape[0])   # the parent's helpers are running
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: its own helpers, the same bits
+        ok = torch.equal(linear.linear(x, packed, w.shape[0]), want)
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    import select
+    ready = select.select([read], [], [], 60)[0]
+    if not ready:   # hung on the parent's helpers, which a child does not have
+        os.kill(pid, 9)
+    got = os.read(read, 1) if ready else b""
+    os.waitpid(pid, 0)
+    assert got == b"1"
