@@ -3,9 +3,12 @@
 Both serve one checkpoint (any local Hugging Face directory; random weights at a real config are
 fine for speed, `make_random_pair.py --target smollm2-135m --readable`) in one dtype, and both
 are asked the same thing through their own OpenAI /v1/completions: greedy, streamed, the same
-prompts. One server runs at a time (two would share the two cores); vLLM first, then ours with
-each of its settings. Texts are compared prompt by prompt against vLLM's (float arithmetic of
-two engines may part at a near-tie of random weights: counted, not hidden).
+prompts. One server runs at a time (two would share the two cores): vLLM target-only and with
+its prompt lookup (ngram, --vllm-ngram K), then ours with each of its settings. Texts are
+compared prompt by prompt against vLLM target-only's (float arithmetic of two engines may part
+at a near-tie of random weights: counted, not hidden). With random weights, greedy text repeats
+itself, which prompt lookup predicts: a speculative row's acceptance there is not a real
+model's (its costs are).
 
 vLLM is never a dependency of this project: install it in a venv of its own and name its python,
 
@@ -145,6 +148,8 @@ def main(argv=None) -> int:
                     help="our settings: none (target-only), auto (default proposer, K auto)")
     ap.add_argument("--vllm-arg", action="append", default=[],
                     help="one more argument for vLLM's server (repeatable)")
+    ap.add_argument("--vllm-ngram", type=int, default=4,
+                    help="also vLLM with prompt lookup of this K (0: not)")
     ap.add_argument("--skip-vllm", action="store_true", help="ours alone (no ratios)")
     add_server_env_argument(ap, "a setting for our server (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports")
@@ -159,13 +164,19 @@ def main(argv=None) -> int:
 
     workdir = Path(__import__("tempfile").mkdtemp(prefix="specdec-vs-vllm-"))
     rows, texts = [], {}
-    if not args.skip_vllm:
-        log(f"starting vLLM ({args.vllm_python}), log {workdir / 'vllm.log'}")
+    vllm_runs = [("vLLM target-only", [])]
+    if args.vllm_ngram:
+        config = {"method": "ngram", "num_speculative_tokens": args.vllm_ngram,
+                  "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        vllm_runs.append((f"vLLM prompt lookup K={args.vllm_ngram}",
+                          ["--speculative-config", json.dumps(config)]))
+    for name, extra in [] if args.skip_vllm else vllm_runs:
+        log(f"starting {name} ({args.vllm_python}), log {workdir / 'vllm.log'}")
         vllm = Vllm(args.vllm_python, args.target, args.dtype, args.max_seq_len, workdir,
-                    args.vllm_arg)
+                    extra + args.vllm_arg)
         try:
-            got, texts["vLLM"] = side("vLLM target-only", lambda: PlainClient(vllm), prompts_for,
-                                      0, args.max_tokens, streams)
+            got, texts[name] = side(name, lambda: PlainClient(vllm), prompts_for, 0,
+                                    args.max_tokens, streams)
             rows += got
         finally:
             vllm.stop()
@@ -183,16 +194,17 @@ def main(argv=None) -> int:
         finally:
             gateway.stop()
     same = {}
-    if "vLLM" in texts:
+    if "vLLM target-only" in texts:
+        base = texts["vLLM target-only"]
         for name, by_streams in texts.items():
-            if name != "vLLM":
-                same[name] = {s: sum(a == b for a, b in zip(t, texts["vLLM"][s]))
+            if name != "vLLM target-only":
+                same[name] = {s: sum(a == b for a, b in zip(t, base[s]))
                               for s, t in by_streams.items()}
     print(f"## Ours against vLLM {args.dtype}, {args.max_tokens} tokens a request, greedy, "
           f"streamed /v1/completions\n")
     print(table(rows, streams))
     for name, counts in same.items():
-        print(f"\n{name}: text equal to vLLM's in " + ", ".join(
+        print(f"\n{name}: text equal to vLLM target-only's in " + ", ".join(
             f"{n}/{len(texts[name][s])} at {s}" for s, n in counts.items()))
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": machine(), "git": git_state(), "target": str(args.target),

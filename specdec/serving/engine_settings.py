@@ -24,6 +24,7 @@ class EngineSettings:
     device: str = "auto"          # auto: cuda when available
     cpu_threads: int = 0          # torch threads on the CPU; 0: half the cores (two models)
     kernel_threads: int = 0       # the CPU kernels' threads (specdec/cpu); 0: every core
+    cpu_kernels: str = "auto"     # auto: the CPU's own kernels where they build; on: required; off
     attention: str = "auto"       # auto: flash-attn on CUDA when installed, else SDPA; sdpa; flash
     cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
     fault: str = ""               # tests only: a fault script (faults.py); $SPECDEC_<ROLE>_FAULT
@@ -57,6 +58,8 @@ class EngineSettings:
             raise SettingsError(f"dtype {s.dtype!r}: expected auto or one of {', '.join(_DTYPES)}")
         if s.max_sequences < 1 or s.max_seq_len < 2:
             raise SettingsError("max_sequences must be >= 1 and max_seq_len >= 2")
+        if s.cpu_kernels not in ("auto", "on", "off"):
+            raise SettingsError(f"cpu_kernels {s.cpu_kernels!r}: expected auto, on or off")
         if s.attention not in ("auto", "sdpa", "flash"):
             raise SettingsError(f"attention {s.attention!r}: expected auto, sdpa or flash")
         if s.batch_invariant not in ("auto", "on", "off"):
@@ -77,7 +80,7 @@ class EngineSettings:
             raise SettingsError(f"kernel_threads {s.kernel_threads}: expected 0 (every core) "
                                 f"or more")
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, device, s.cpu_threads,
-                   s.kernel_threads, s.attention, s.cuda_graphs, s.fault, head,
+                   s.kernel_threads, s.cpu_kernels, s.attention, s.cuda_graphs, s.fault, head,
                    s.in_target_fault, paths.tokenizer, s.batch_invariant, degree, devices,
                    draft_device)
 
@@ -103,6 +106,11 @@ class EngineSettings:
         half the cores. Measured on 2 vCPUs, default pair: a target step takes 4.3 ms with one
         thread, 27 ms with two spinning OpenMP threads, 4.9 ms with two passive ones."""
         return self.cpu_threads or max(1, (os.cpu_count() or 2) // 2)
+
+    @property
+    def cpu_kernel(self) -> bool | None:
+        """Engine's cpu_kernel for cpu_kernels: None (where they build), True or False."""
+        return {"auto": None, "on": True, "off": False}[self.cpu_kernels]
 
     def kernel_thread_count(self) -> int:
         """The CPU kernels' threads. Every core this process may run on by default: a kernel
