@@ -106,7 +106,7 @@ def measure(make_client, prompts: list[str], k: int, max_tokens: int, streams: i
 def side(name: str, make_client, prompts_for, k: int, max_tokens: int,
          streams: list[int]) -> tuple[list[dict], dict[int, list[str]]]:
     rows, texts = [], {}
-    make_client().request(prompts_for(1)[0], 0, k, 8)   # warm-up: first-request costs
+    make_client().request(prompts_for(0)[0], 0, k, 8)   # warm-up: first-request costs
     for s in streams:
         row, reqs = measure(make_client, prompts_for(s), k, max_tokens, s, f"{name} x{s}")
         rows.append({"engine": name, **row})
@@ -140,7 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--prompts", type=int, default=8,
-                    help="requests per stream count: at least this many, and 2 per stream")
+                    help="requests per stream count: at least this many, and 2 per stream; "
+                         "no prompt is sent twice to a server (the file needs enough)")
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024)
@@ -156,11 +157,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     exit_on_sigterm()
     streams = [int(s) for s in args.streams.split(",")]
-    pool = load_prompts(args.prompts_file, max(args.prompts, 2 * max(streams)), strict=False)
+    # Each stream count its own prompts, and the warm-up one more: vLLM caches a prompt's KV
+    # (prefix caching), so a prompt sent twice would time a cache hit, not a prefill.
+    sizes = {s: max(args.prompts, 2 * s) for s in streams}
+    pool = load_prompts(args.prompts_file, sum(sizes.values()) + 1)
+    starts = {s: sum(sizes[t] for t in streams[:i]) + 1 for i, s in enumerate(streams)}
 
     def prompts_for(s: int) -> list[str]:
-        n = max(args.prompts, 2 * s)
-        return (pool * (n // len(pool) + 1))[:n]
+        """The prompts of stream count s (0: the warm-up's)."""
+        return pool[:1] if s == 0 else pool[starts[s]:starts[s] + sizes[s]]
 
     workdir = Path(__import__("tempfile").mkdtemp(prefix="specdec-vs-vllm-"))
     rows, texts = [], {}
