@@ -3,7 +3,8 @@
 Measured on a 2-core AMD EPYC (AVX-512), one thread, float32, a [196608, 576] weight: F.linear
 read it at 11 GB/s at one row and 4-7 GB/s at 2-4 rows, oneDNN with a prepacked weight at
 13-21 GB/s, this kernel at 29-32 GB/s, where a plain sum reads 30; at 16 and more rows it runs at
-the core's arithmetic rate, as oneDNN does (benchmarks/cpu_kernels.py).
+the core's arithmetic rate, as oneDNN does. bfloat16 on a CPU with AVX512_BF16 (which that EPYC
+has, though its /proc/cpuinfo does not list it) takes two products an instruction.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 TILE = 64                    # output columns per packed tile (linear.c)
 DTYPES = (torch.float32, torch.bfloat16)
 _fn: dict[torch.dtype, ctypes._CFuncPtr] = {}
+_pairs = [False]   # bfloat16 packed by pairs of k (linear.c, AVX512_BF16)
 
 
 def declare(lib: ctypes.CDLL) -> None:
@@ -24,15 +26,23 @@ def declare(lib: ctypes.CDLL) -> None:
         fn.argtypes = [p, n, n, p, n, p]
         fn.restype = ctypes.c_int
         _fn[dtype] = fn
+    lib.linear_bf16_pairs.restype = ctypes.c_int
+    _pairs[0] = bool(lib.linear_bf16_pairs())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] -> [ceil(N / 64), K, 64]: tile t holds rows 64 t .. 64 t + 63 transposed,
-    zero past N."""
+    zero past N. bfloat16 where the kernel takes pairs of k: [ceil(N / 64), ceil(K / 2), 64, 2],
+    k-pair j of tile t holding (W[c, 2j], W[c, 2j + 1]) of each of its columns c (zero past K)."""
     n, k = weight.shape
     tiles = -(-n // TILE)
-    padded = F.pad(weight.detach(), (0, 0, 0, tiles * TILE - n))
-    packed = padded.view(tiles, TILE, k).transpose(1, 2).contiguous()
+    if weight.dtype == torch.bfloat16 and _pairs[0]:
+        k2 = -(-k // 2)
+        padded = F.pad(weight.detach(), (0, 2 * k2 - k, 0, tiles * TILE - n))
+        packed = padded.view(tiles, TILE, k2, 2).transpose(1, 2).contiguous()
+    else:
+        padded = F.pad(weight.detach(), (0, 0, 0, tiles * TILE - n))
+        packed = padded.view(tiles, TILE, k).transpose(1, 2).contiguous()
     if packed.data_ptr() % 64:   # the kernel's aligned vector loads
         raise RuntimeError("a packed weight is not 64-byte aligned")
     return packed
@@ -41,7 +51,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for the weight [n, K] that `packed` holds."""
-    shape, k = x.shape, packed.shape[1]
+    shape, k = x.shape, x.shape[-1]
+    if packed.shape[1] != (-(-k // 2) if packed.dim() == 4 else k):
+        raise ValueError(f"linear: input of width {k} for a weight packed as "
+                         f"{tuple(packed.shape)}")
     rows = x.reshape(-1, k)
     if not rows.is_contiguous():
         rows = rows.contiguous()
