@@ -5,6 +5,12 @@
 # (acceptance means nothing; the costs are real). Figures and logs are packed into
 # $OUT/checklist-PART.tgz after every step (else gpu-out/).
 #
+#   bash benchmarks/gpu_checklist.sh profile   # first: one decode step of the 8B target and
+#                                              # the 1B draft by kind of work (GEMM, attention,
+#                                              # norm, rotary, KV write, elementwise, casts,
+#                                              # sampling), kernels a step, GEMM GB/s; batch 1
+#                                              # and 16, plain and exact, 512 cached tokens:
+#                                              # about 5 min (dry-run: SCALE=0.0625, 40 s)
 #   bash benchmarks/gpu_checklist.sh costs     # items 2, 4 (+ SWIFT, Medusa), 1 at 8B: 8 min
 #   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair, the exact mode's
 #                                              # kernels: 1.5 min (H100) before them
@@ -57,6 +63,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee 
 git log -1 --format='commit %H %cI' 2>/dev/null | tee -a "$out/gpu.txt"
 
 case $part in
+profile)
+    # Where a step's milliseconds go before anything is fused: the H200's 8B step took 7.17 ms
+    # where its weights read in 3.35-3.7. The served step is timed with CUDA graphs, then
+    # profiled eagerly so that each kernel is seen with the piece of the model that ran it.
+    stamp "random pair"
+    timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" \
+        --device "$draw" 2>&1 | tail -2
+    stamp "step profile"
+    timeout 300 $py benchmarks/step_profile.py --device "$draw" \
+        --models "$pair/target,$pair/draft" --batches 1,16 --modes plain,exact --context 512 \
+        --json "$out/step-profile.json" 2>&1 | tee "$out/step-profile.md"
+    ;;
 costs)
     # 2 and 4 first, the figures no CPU can give: the pair, an EAGLE-3 head, SWIFT (14 of 32
     # layers skipped, about the SWIFT paper's ratio) and 4 random Medusa-1 heads at 8B shapes,

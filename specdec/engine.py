@@ -219,7 +219,7 @@ class Engine:
         drafts = to_device([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs], self.device)
         num_drafts = to_device(ks, self.device)
         if s.all_greedy:
-            accepted_t, nxt_t = verify_greedy(logits.argmax(-1), drafts, num_drafts)
+            accepted_t, nxt_t = verify_greedy(logits, drafts, num_drafts)
         else:
             q = self._draft_probs(cs, drafts, k_max)
             first = to_device([c.start + len(c.tokens) for c in cs], self.device)

@@ -57,12 +57,13 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, num_dr
     return accepted, next_token
 
 
-def verify_greedy(top: torch.Tensor, drafts: torch.Tensor,
+def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor,
                   num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify` where every row is greedy: p is one-hot at the target's argmax top [B, K+1], so
-    a draft is accepted exactly when it is the argmax (q(d) > 0 for a drafted d, and any u > 0)
-    and the token after the accepted run is the argmax there, whatever q is. The same result
-    without a [B, K+1, V] tensor."""
+    """`verify` where every row is greedy: p is one-hot at the argmax of the target's logits
+    [B, K+1, V], so a draft is accepted exactly when it is the argmax (q(d) > 0 for a drafted
+    d, and any u > 0) and the token after the accepted run is the argmax there, whatever q is.
+    The same result without a [B, K+1, V] tensor of probabilities."""
+    top = logits.argmax(-1)                                                        # [B, K+1]
     b, k = drafts.shape
     if k > 0:
         ok = (drafts == top[:, :k]) & (torch.arange(k, device=top.device) < num_drafts[:, None])

@@ -72,8 +72,9 @@ def test_engine_mixed_batch_matches_calls_without_q_alone(pair_dir):
 
 def test_greedy_rows_need_only_the_argmax():
     p, q, drafts, num_drafts, s, first = _case(temperature=0.0)
+    logits = p + torch.rand(p.shape, dtype=p.dtype) * 0.5   # the argmax is p's one-hot
     top = p.argmax(-1)
-    fast = verify_greedy(top, drafts, num_drafts)
+    fast = verify_greedy(logits, drafts, num_drafts)
     # A sampled draft's q (any distribution with mass on its drafts) changes nothing at t = 0.
     gen = torch.Generator().manual_seed(5)
     sampled_q = torch.rand(B, K, V, generator=gen, dtype=p.dtype) + q
@@ -82,6 +83,6 @@ def test_greedy_rows_need_only_the_argmax():
         acc, nxt = verify(p, qq, drafts, num_drafts, s, first)
         assert torch.equal(fast[0], acc) and torch.equal(fast[1], nxt)
     assert 0 < (fast[0] < num_drafts).sum() < B and (fast[0] > 0).any()
-    none = verify_greedy(top[:, :1], drafts[:, :0], torch.zeros(B, dtype=torch.int64))
+    none = verify_greedy(logits[:, :1], drafts[:, :0], torch.zeros(B, dtype=torch.int64))
     assert torch.equal(none[0], torch.zeros(B, dtype=torch.int64))
     assert torch.equal(none[1], top[:, 0])
