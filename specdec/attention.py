@@ -85,12 +85,14 @@ def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
 
 def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
            batch: "Batch", cache: KVCache, window: int = 0, scale: float | None = None,
-           softcap: float | None = None) -> torch.Tensor:
-    """q [B, T, H, D], k and v [B, T, KV, D] (rotated); returns [B, T, H, D]. scale: the
-    queries' (None: D ** -0.5); softcap: scores become softcap * tanh(score / softcap)."""
+           softcap: float | None = None,
+           rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """q [B, T, H, D], k and v [B, T, KV, D] (rotated, but on the CPU's kernel, which rotates
+    them by rotary's (cos, sin)); returns [B, T, H, D]. scale: the queries' (None: D ** -0.5);
+    softcap: scores become softcap * tanh(score / softcap)."""
     if p.cpu is not None:
         return cpu_attention.attend(q, k, v, cache.k[layer], cache.v[layer], *p.cpu, window,
-                                    scale or q.shape[-1] ** -0.5, softcap)
+                                    scale or q.shape[-1] ** -0.5, softcap, rotary)
     if p.flash is not None:
         extra = {} if softcap is None else {"softcap": softcap}   # flash-attn >= 2.6
         return p.flash(q, cache.k[layer], cache.v[layer], k=k, v=v, cache_seqlens=p.seqlens,

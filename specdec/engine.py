@@ -14,7 +14,8 @@ from dataclasses import replace
 import torch
 
 from . import attention
-from .cpu import attention as cpu_attention, build as cpu_build, linear as cpu_linear
+from .cpu import (attention as cpu_attention, build as cpu_build, linear as cpu_linear,
+                  pointwise as cpu_pointwise)
 from .config import CheckpointError, ModelArgs
 from .draft_steps import StepRows, draft_steps
 from .eagle.checkpoint import load_head
@@ -336,6 +337,8 @@ def _pack_for_cpu(model: Transformer, device: torch.device, dtype: torch.dtype,
         return False
     a = model.args
     model.cpu_attention = cpu_attention.usable(a.num_heads, a.num_kv_heads, a.head_dim, dtype)
+    if isinstance(model, Transformer):   # swift's SkipView shares the target's modules
+        cpu_pointwise.attach(model)
     return cpu_linear.pack_model(model) > 0
 
 

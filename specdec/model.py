@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import attention, invariant
-from .cpu import linear as cpu_linear
+from .cpu import linear as cpu_linear, pointwise as cpu_pointwise
 from .config import ModelArgs, Rope
 from .kv_cache import KVCache
 from .parallel import Shard
@@ -192,14 +192,25 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    """Llama's (w times the normalized x cast back), or Gemma's (x (1 + w), all in float32)."""
+    """Llama's (w times the normalized x cast back), or Gemma's (x (1 + w), all in float32).
+    `cpu` (set by the engine, cpu/pointwise.py): one call of the CPU's kernel."""
+    cpu = False
 
     def __init__(self, dim: int, eps: float, gemma: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
         self.eps, self.gemma = eps, gemma
 
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, this norm of it)."""
+        if self.cpu:
+            return cpu_pointwise.rmsnorm(x, self.weight, self.eps, self.gemma, residual)
+        x = x + residual
+        return x, self(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu:
+            return cpu_pointwise.rmsnorm(x, self.weight, self.eps, self.gemma)[1]
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:
@@ -226,25 +237,34 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, plan: attention.Plan, batch: Batch,
                 cache: KVCache) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self.project(x, cos, sin)
-        out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
-                               self.scale, self.args.attn_softcap)
+        if plan.cpu is not None:   # the CPU's kernel rotates q and k as it reads and writes them
+            q, k, v = self.project(x)
+            out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
+                                   self.scale, self.args.attn_softcap, (cos, sin))
+        else:
+            q, k, v = self.project(x, cos, sin)
+            out = attention.attend(plan, q, k, v, self.layer, batch, cache, self.window,
+                                   self.scale, self.args.attn_softcap)
         out = self.o_proj(out.reshape(b, t, -1))
         return out if self.tp is None else self.tp.all_reduce(out)
 
-    def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [B, T, H, D], k and v [B, T, KV, D], rotated: what attention reads."""
+    def project(self, x, cos=None, sin=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, T, H, D], k and v [B, T, KV, D]: what attention reads, rotated by (cos, sin)
+        where given."""
         b, t, _ = x.shape
         h, kv = self.args.num_heads, self.args.num_kv_heads
         qkv = self.qkv_proj(x).view(b, t, h + 2 * kv, self.args.head_dim)
         qk = qkv[:, :, : h + kv]
         if self.args.qk_norm:
             qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), 2)
-        qk = rotate(qk, cos, sin)                                             # [B, T, H+KV, D]
+        if cos is not None:
+            qk = rotate(qk, cos, sin)                                         # [B, T, H+KV, D]
         return qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv:]
 
 
 class MLP(nn.Module):
+    cpu = False   # SiLU x up by the CPU's kernel (cpu/pointwise.py); set by the engine
+
     def __init__(self, args: ModelArgs, tp: Shard | None = None):
         super().__init__()
         self.tp = tp
@@ -253,6 +273,9 @@ class MLP(nn.Module):
         self.gelu = args.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu:
+            out = self.down_proj(cpu_pointwise.silu_mul(self.gate_up_proj(x)))
+            return out if self.tp is None else self.tp.all_reduce(out)
         gate, up = self.gate_up_proj(x).chunk(2, -1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         out = self.down_proj(act * up)
@@ -279,8 +302,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, plan, batch: Batch, cache: KVCache) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(x), cos, sin, plan, batch, cache)
         if not self.sandwich:
-            x = x + attn
-            return x + self.mlp(self.post_attention_layernorm(x))
+            x, h = self.post_attention_layernorm.add(x, attn)
+            return x + self.mlp(h)
         x = x + self.post_attention_layernorm(attn)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 

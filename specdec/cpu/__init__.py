@@ -7,10 +7,14 @@ so the exact mode (specdec/invariant.py) costs nothing extra on the CPU:
 
 - linear.c / linear.py: y = x W^T over weights packed once at load (float32, bfloat16);
 - attention.c / attention.py: the KV write and each query's attention over its slot in place;
+- pointwise.c / pointwise.py: the residual add with its RMSNorm, and SiLU(gate) x up;
+- vec.h: their vectors (GCC's portable vector extensions) and bfloat16's rounding;
+- pool.c: the threads that share a call's items (work stealing);
 - build.py: one shared library from the C sources, compiled with the system's C compiler into a
   cache and loaded with ctypes, checked at load; where it cannot be, the engine keeps PyTorch's
   operators and says why.
 
-Imports nothing from the rest of specdec but model.Linear (linear.pack_model); the engine packs
-the model at load, and model.Linear and attention.attend call in.
+Imports nothing from the rest of specdec but model's modules (linear.pack_model,
+pointwise.attach); the engine packs the model at load, and model.py's modules and attention.attend
+call in.
 """

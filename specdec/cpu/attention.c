@@ -11,7 +11,10 @@
  * beside any other rows (the batch-invariance of specdec/invariant.py), and no mask, gather or
  * padded key is ever computed. Queries are parallel_for's items (pool.c), after the writes.
  *
- * bfloat16 tensors are widened to float32 on load and the output rounded to nearest even.
+ * Given RoPE's table, the kernel also rotates the new keys before it writes them and each query
+ * as it reads it, in float32 (model.rotate's arithmetic, one rounding), where PyTorch ran five
+ * operators a layer. bfloat16 tensors are widened to float32 on load and the output rounded to
+ * nearest even.
  */
 #include <math.h>
 #include <stdint.h>
@@ -19,42 +22,13 @@
 #include <string.h>
 
 #include "pool.h"
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-static inline v16 load_f32(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline v16 load_bf16(const uint16_t *p) {
-    u16x16 h;
-    memcpy(&h, p, sizeof h);
-    u32x16 u = __builtin_convertvector(h, u32x16) << 16;
-    v16 f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "vec.h"
 
 #ifdef __clang__
 #define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
 #define SHUF(a, b, ...) __builtin_shuffle(a, b, (i16x16){__VA_ARGS__})
 #endif
-
-/* The lanes of v summed by a fixed tree: lane i plus lane i + w, for w = 8, 4, 2, 1. */
-static inline float hsum(v16 v) {
-    float a[16];
-    memcpy(a, &v, sizeof a);
-    for (int w = 8; w; w >>= 1)
-        for (int i = 0; i < w; i++)
-            a[i] += a[i + w];
-    return a[0];
-}
 
 /* hsum of each of 16 vectors, by the same tree: out lane l = hsum(a[l]), 2 shuffles a sum. */
 static inline v16 hsum16(v16 *a) {
@@ -78,36 +52,6 @@ static inline v16 hsum16(v16 *a) {
          + SHUF(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-/* exp(x) for x <= 0 (a softmax's shifted scores), about 1 ulp: 2^n exp(r), |r| <= ln2 / 2. */
-static inline v16 vexp(v16 x) {
-    const v16 lo = (v16){} - 87.0f;
-    i16x16 under = x < lo;
-    x = (v16)(((i16x16)x & ~under) | ((i16x16)lo & under));
-    v16 t = x * 1.44269504088896341f - 0.5f;
-    i16x16 n = __builtin_convertvector(t, i16x16);          /* toward zero: round(x log2 e) */
-    v16 nf = __builtin_convertvector(n, v16);
-    v16 r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
-    v16 p = 1.0f / 720 + r * (1.0f / 5040);
-    p = 1.0f / 120 + r * p;
-    p = 1.0f / 24 + r * p;
-    p = 1.0f / 6 + r * p;
-    p = 0.5f + r * p;
-    p = 1.0f + r * p;
-    p = 1.0f + r * p;
-    i16x16 bits = (n + 127) << 23;
-    v16 scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return (v16)((i16x16)(p * scale) & ~under);              /* below e^-87: exactly 0 */
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 #define MAX_WIDTH 8192   /* H x D of one token: the query and the value sums live on the stack */
 
 /* One call's arguments; each query token is an item of parallel_for (pool.c). */
@@ -117,13 +61,39 @@ struct call {
     long sq, sk, sv, max_len, h, kvh, d, window;
     const int64_t *write_slots, *positions, *read_slots;
     float scale, softcap;
+    const void *cos, *sin;   /* [n, rot] each, or 0: q and k come rotated */
+    long rot;
     _Atomic int failed;
 };
+
+/* RoPE on each head of x [heads, d] in place (Hugging Face's half-split layout, model.rotate):
+ * its first rot dims become x cos + x' sin, x' the rot dims rolled by rot / 2, sin negated in
+ * its first half (model.rotation); dims past rot stay. In float32, rounded once after. */
+static void rotate(float *x, long heads, long d, const float *cos, const float *sin, long rot) {
+    float y[512];
+    for (long j = 0; j < heads; j++) {
+        float *head = x + j * d;
+        for (long e = 0; e < rot; e++)
+            y[e] = head[e] * cos[e] + head[(e + rot / 2) % rot] * sin[e];
+        memcpy(head, y, (size_t)rot * sizeof(float));
+    }
+}
 
 /* T: the element type; LOAD: 16 elements as float32; FROM_F32: one output element. Keys are
  * taken 16 at a time, every head of them while they are in L1, so a query streams its slot's
  * rows once, in order. */
-#define ATTEND(NAME, T, LOAD, FROM_F32)                                                        \
+#define ATTEND(NAME, T, LOAD, TO_F32, FROM_F32)                                                \
+/* Token i's RoPE table into cos, sin (float32); false where q and k come rotated. */         \
+static int NAME##_table(const struct call *a, long i, float *cos, float *sin) {                \
+    if (!a->cos)                                                                               \
+        return 0;                                                                              \
+    for (long e = 0; e < a->rot; e++) {                                                        \
+        cos[e] = TO_F32(((const T *)a->cos)[i * a->rot + e]);                                  \
+        sin[e] = TO_F32(((const T *)a->sin)[i * a->rot + e]);                                  \
+    }                                                                                          \
+    return 1;                                                                                  \
+}                                                                                              \
+                                                                                               \
 static void NAME##_query(void *arg, long i) {                                                  \
     struct call *a = arg;                                                                      \
     const T *q = a->q, *ck = a->ck, *cv = a->cv;                                               \
@@ -147,6 +117,9 @@ static void NAME##_query(void *arg, long i) {                                   
         v16 x = LOAD(q + i * a->sq + e);                                                       \
         memcpy(qf + e, &x, sizeof x);                                                          \
     }                                                                                          \
+    float cos[512], sin[512];                                                                  \
+    if (NAME##_table(a, i, cos, sin))                                                          \
+        rotate(qf, h, d, cos, sin, a->rot);                                                    \
     for (long j = 0; j < h; j++)                                                               \
         top[j] = -INFINITY;                                                                    \
     for (long l0 = 0; l0 < keys; l0 += 16) {                                                   \
@@ -215,22 +188,31 @@ static void NAME##_query(void *arg, long i) {                                   
 int NAME(const T *q, long sq, const T *k, long sk, const T *v, long sv, T *ck, T *cv,          \
          long max_len, const int64_t *write_slots, const int64_t *positions,                   \
          const int64_t *read_slots, long n, long h, long kvh, long d, long window,             \
-         float scale, float softcap, T *out) {                                                 \
+         float scale, float softcap, const T *cos, const T *sin, long rot, T *out) {          \
     long row = kvh * d, slot_size = max_len * row;                                             \
-    if (h * d > MAX_WIDTH || d % 16 || h % kvh)                                                \
+    if (h * d > MAX_WIDTH || d % 16 || d > 512 || h % kvh || rot > d || rot % 2)               \
         return -2;                                                                             \
+    struct call a = {q, k, v, ck, cv, out, sq, sk, sv, max_len, h, kvh, d, window,             \
+                     write_slots, positions, read_slots, scale, softcap, cos, sin, rot, 0};    \
     for (long i = 0; i < n; i++) {                                                             \
-        memcpy(ck + write_slots[i] * slot_size + positions[i] * row, k + i * sk,              \
-               row * sizeof(T));                                                               \
+        T *kd = ck + write_slots[i] * slot_size + positions[i] * row;                          \
+        float kf[MAX_WIDTH], cs[512], sn[512];                                                 \
+        if (NAME##_table(&a, i, cs, sn)) {                                                     \
+            for (long e = 0; e < row; e++)                                                     \
+                kf[e] = TO_F32(k[i * sk + e]);                                                 \
+            rotate(kf, kvh, d, cs, sn, rot);                                                   \
+            for (long e = 0; e < row; e++)                                                     \
+                kd[e] = FROM_F32(kf[e]);                                                       \
+        } else {                                                                               \
+            memcpy(kd, k + i * sk, row * sizeof(T));                                           \
+        }                                                                                      \
         memcpy(cv + write_slots[i] * slot_size + positions[i] * row, v + i * sv,              \
                row * sizeof(T));                                                               \
     }                                                                                          \
-    struct call a = {q, k, v, ck, cv, out, sq, sk, sv, max_len, h, kvh, d, window,             \
-                     write_slots, positions, read_slots, scale, softcap, 0};                   \
     parallel_for(NAME##_query, &a, n);                                                         \
     return a.failed ? -1 : 0;                                                                  \
 }
 
 #define IDENTITY(x) (x)
-ATTEND(attend_f32, float, load_f32, IDENTITY)
-ATTEND(attend_bf16, uint16_t, load_bf16, f32_to_bf16)
+ATTEND(attend_f32, float, load_f32, IDENTITY, IDENTITY)
+ATTEND(attend_bf16, uint16_t, load_bf16, bf16_to_f32, f32_to_bf16)

@@ -21,14 +21,14 @@ def declare(lib: ctypes.CDLL) -> None:
     f = ctypes.c_float
     for name, dtype in (("attend_f32", torch.float32), ("attend_bf16", torch.bfloat16)):
         fn = getattr(lib, name)
-        fn.argtypes = [p, n, p, n, p, n, p, p, n, p, p, p, n, n, n, n, n, f, f, p]
+        fn.argtypes = [p, n, p, n, p, n, p, p, n, p, p, p, n, n, n, n, n, f, f, p, p, n, p]
         fn.restype = ctypes.c_int
         _fn[dtype] = fn
 
 
 def usable(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
-    return (dtype in DTYPES and head_dim % 16 == 0 and heads * head_dim <= MAX_WIDTH
-            and heads % kv_heads == 0)
+    return (dtype in DTYPES and head_dim % 16 == 0 and head_dim <= 512
+            and heads * head_dim <= MAX_WIDTH and heads % kv_heads == 0)
 
 
 def _tokens(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -41,12 +41,13 @@ def _tokens(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
            cache_v: torch.Tensor, write_slots: torch.Tensor, positions: torch.Tensor,
-           read_slots: torch.Tensor, window: int, scale: float,
-           softcap: float | None) -> torch.Tensor:
-    """q [B, T, H, D]; k, v [B, T, KV, D] (rotated); cache_k, cache_v [slots, max_len, KV, D];
-    write_slots, positions, read_slots: [B T] int64 per token, contiguous. Writes k and v at
-    (write_slots, positions), then returns each query's attention [B, T, H, D] over the keys of
-    its read slot at its window's positions up to its own."""
+           read_slots: torch.Tensor, window: int, scale: float, softcap: float | None,
+           rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """q [B, T, H, D]; k, v [B, T, KV, D]; cache_k, cache_v [slots, max_len, KV, D];
+    write_slots, positions, read_slots: [B T] int64 per token, contiguous. rotary: RoPE's
+    (cos, sin) [B, T, 1, R] (model.rotation) to rotate q and k with, or None where they come
+    rotated. Writes k and v at (write_slots, positions), then returns each query's attention
+    [B, T, H, D] over the keys of its read slot at its window's positions up to its own."""
     b, t, h, d = q.shape
     if not (write_slots.is_contiguous() and positions.is_contiguous()
             and read_slots.is_contiguous()) or len(read_slots) != b * t:
@@ -54,11 +55,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Ten
     q, sq = _tokens(q)
     k, sk = _tokens(k)
     v, sv = _tokens(v)
+    cos = sin = None
+    if rotary is not None:
+        cos, sin = (x.reshape(b * t, -1).contiguous() for x in rotary)       # [B T, R]
     out = torch.empty(b, t, h, d, dtype=q.dtype)
     err = _fn[q.dtype](q.data_ptr(), sq, k.data_ptr(), sk, v.data_ptr(), sv, cache_k.data_ptr(),
                        cache_v.data_ptr(), cache_k.shape[1], write_slots.data_ptr(),
                        positions.data_ptr(), read_slots.data_ptr(), b * t, h, k.shape[2], d,
-                       window, scale, softcap or 0.0, out.data_ptr())
+                       window, scale, softcap or 0.0, None if cos is None else cos.data_ptr(),
+                       None if sin is None else sin.data_ptr(),
+                       0 if cos is None else cos.shape[1], out.data_ptr())
     if err:
         raise MemoryError("attention: no memory for the scores") if err == -1 else \
             ValueError(f"attention: {h} heads over {k.shape[2]} of size {d} are past its bounds")
@@ -94,6 +100,22 @@ def check(lib: ctypes.CDLL) -> None:
                 if not torch.equal(one[0, 0], out[0, i]):
                     raise RuntimeError(f"the built attention kernel's queries depend on their "
                                        f"call in {dtype}")
+        # RoPE in the kernel: as rotating q and k first (a partial rotation, 24 of 32 dims).
+        angle = torch.randn(1, 5, 1, 12, generator=gen)
+        cos = torch.cat((angle, angle), -1).cos()
+        half = angle.sin()
+        sin = torch.cat((-half, half), -1)
+        rotated = [torch.cat((x[..., :24].float() * cos + x[..., :24].float().roll(12, -1) * sin,
+                              x[..., 24:].float()), -1).to(dtype) for x in (q, k)]
+        ck2, cv2 = ck.clone(), cv.clone()
+        first = attend(*rotated, v, ck2, cv2, slot, pos, slot, 0, d ** -0.5, None)
+        ck3, cv3 = ck.clone(), cv.clone()
+        fused = attend(q, k, v, ck3, cv3, slot, pos, slot, 0, d ** -0.5, None,
+                       (cos.to(dtype), sin.to(dtype)))
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        if not (torch.allclose(fused.float(), first.float(), rtol=tol, atol=tol)
+                and torch.allclose(ck3.float(), ck2.float(), rtol=tol, atol=tol)):
+            raise RuntimeError(f"the built attention kernel rotates wrongly in {dtype} here")
 
 
 def reference(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, slots: torch.Tensor,

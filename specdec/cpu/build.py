@@ -5,7 +5,7 @@ for the CPU that runs them (AVX-512 where it has it), into a cache directory
 (`$SPECDEC_CACHE_DIR`, else ~/.cache/specdec) under a name that hashes the sources, the flags, the
 compiler and the CPU's features; then loaded with ctypes. `load` returns None, and `reason` says
 why, where there is no compiler, the build fails, or the built kernels compute wrongly here
-(linear.check, attention.check): the engine then keeps PyTorch's operators.
+(linear.check, attention.check, pointwise.check): the engine then keeps PyTorch's operators.
 """
 from __future__ import annotations
 
@@ -34,14 +34,14 @@ def load() -> ctypes.CDLL | None:
     if "lib" not in _loaded:
         try:
             lib = ctypes.CDLL(str(build()))
-            from . import attention, linear
+            from . import attention, linear, pointwise
             lib.set_threads.argtypes = [ctypes.c_int]
             lib.set_threads.restype = ctypes.c_int
             lib.get_threads.restype = ctypes.c_int
-            linear.declare(lib)
-            attention.declare(lib)
-            linear.check(lib)
-            attention.check(lib)
+            for kind in (linear, attention, pointwise):
+                kind.declare(lib)
+            for kind in (linear, attention, pointwise):
+                kind.check(lib)
             _loaded["lib"] = lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             _loaded["lib"] = str(e)

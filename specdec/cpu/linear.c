@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "vec.h"
 
 #ifdef __AVX512BF16__
 #include <immintrin.h>
@@ -38,30 +39,11 @@
 #define TILE 64
 #define GROUP 6
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
 static inline v16 widen(u16x16 h) {
     u32x16 u = __builtin_convertvector(h, u32x16) << 16;
     v16 f;
     memcpy(&f, &u, sizeof f);
     return f;
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even; NaN stays NaN */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 /* acc[r][0..3] += tile row j (64 columns) * x[r, j], j = 0 .. k-1 in order. */
@@ -88,13 +70,14 @@ static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even; NaN st
     const u16x16 *wj = (const u16x16 *)(w + j * TILE);                               \
     w0 = widen(wj[0]); w1 = widen(wj[1]); w2 = widen(wj[2]); w3 = widen(wj[3])
 
-#define ROWS(R)                                                                      \
+#define F32_ROWS(R)                                                                  \
 static void f32_rows##R(const float *x, long k, const float *w, float *y, long ldy,  \
                         int cols) {                                                  \
     ACCUMULATE(R, LOAD_F32)                                                          \
     for (int r = 0; r < R; r++)                                                      \
         memcpy(y + r * ldy, acc[r], cols * sizeof(float));                           \
-}                                                                                    \
+}
+#define BF16_ROWS(R)                                                                 \
 static void bf16_rows##R(const float *x, long k, const uint16_t *w, uint16_t *y,     \
                          long ldy, int cols) {                                       \
     ACCUMULATE(R, LOAD_BF16)                                                         \
@@ -104,7 +87,10 @@ static void bf16_rows##R(const float *x, long k, const uint16_t *w, uint16_t *y,
             y[r * ldy + c] = f32_to_bf16(a[c]);                                      \
     }                                                                                \
 }
-ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
+F32_ROWS(1) F32_ROWS(2) F32_ROWS(3) F32_ROWS(4) F32_ROWS(5) F32_ROWS(6)
+#if !PAIRS
+BF16_ROWS(1) BF16_ROWS(2) BF16_ROWS(3) BF16_ROWS(4) BF16_ROWS(5) BF16_ROWS(6)
+#endif
 
 #if PAIRS
 /* bfloat16 on CPUs with AVX512_BF16: packed [ceil(n / 64), ceil(k / 2), 64, 2], a tile's k-pair j
@@ -147,11 +133,13 @@ static const pair_fn PAIR[GROUP + 1] = {0, pair_rows1, pair_rows2, pair_rows3, p
 #endif
 
 typedef void (*f32_fn)(const float *, long, const float *, float *, long, int);
-typedef void (*bf16_fn)(const float *, long, const uint16_t *, uint16_t *, long, int);
 static const f32_fn F32[GROUP + 1] = {0, f32_rows1, f32_rows2, f32_rows3, f32_rows4,
                                       f32_rows5, f32_rows6};
+#if !PAIRS
+typedef void (*bf16_fn)(const float *, long, const uint16_t *, uint16_t *, long, int);
 static const bf16_fn BF16[GROUP + 1] = {0, bf16_rows1, bf16_rows2, bf16_rows3, bf16_rows4,
                                         bf16_rows5, bf16_rows6};
+#endif
 
 struct call {
     const float *x;          /* [m, k] float32 (bfloat16 inputs widened first) */

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.cpu import attention, build, linear
+from specdec.cpu import attention, build, linear, pointwise
 from specdec.engine import Engine
-from specdec.model import Batch, Linear
+from specdec.model import Batch, Linear, RMSNorm
 from specdec.records import Request
 from tests.core.conftest import generate
 from tests.tiny_checkpoints import make_checkpoint
@@ -180,6 +180,47 @@ def test_a_head_size_the_attention_kernel_cannot_take_keeps_sdpa(tmp_path):
     assert e.cpu_kernel and not e.model.cpu_attention
     assert not attention.usable(4, 4, 12, torch.float32)
     assert attention.usable(4, 4, 16, torch.float32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_the_fused_norm_is_the_modules_and_each_row_its_own(dtype, gemma):
+    """model.RMSNorm with `cpu` set (the residual add and the norm in one call) against the
+    same module's PyTorch operators: the sum bit for bit, the norm within a rounding; a row's
+    bits the same at any row count."""
+    gen = torch.Generator().manual_seed(int(gemma))
+    norm = RMSNorm(576, 1e-5, gemma)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576, generator=gen) * 0.2 + (0 if gemma else 1))
+    norm = norm.to(dtype)
+    x = torch.randn(2, 7, 576, generator=gen).to(dtype)
+    residual = torch.randn(2, 7, 576, generator=gen).to(dtype)
+    with torch.inference_mode():
+        want_sum, want = norm.add(x, residual)
+        norm.cpu = True
+        got_sum, got = norm.add(x, residual)
+        alone = torch.cat([norm.add(x[:, i:i + 1], residual[:, i:i + 1])[1] for i in range(7)], 1)
+        plain = norm(x)
+    assert torch.equal(got_sum, want_sum) and got.shape == want.shape
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    assert torch.equal(alone, got)
+    norm.cpu = False
+    torch.testing.assert_close(plain.float(), norm(x).float(), rtol=tol, atol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_times_up_is_pytorchs(dtype):
+    gate_up = (torch.randn(3, 5, 2 * 1539, generator=torch.Generator().manual_seed(2)) * 6)
+    gate_up = gate_up.to(dtype)
+    gate, up = gate_up.chunk(2, -1)
+    want = torch.nn.functional.silu(gate) * up
+    got = pointwise.silu_mul(gate_up)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    assert torch.equal(pointwise.silu_mul(gate_up[1:2]), got[1:2])
 
 
 def test_no_compiler_keeps_pytorch(monkeypatch, tmp_path, pair_dir, caplog):
