@@ -17,8 +17,9 @@ vLLM is never a dependency of this project: install it in a venv of its own and 
     .venv/bin/python benchmarks/vs_vllm.py --target /models/smol/target \\
         --vllm-python /opt/vllm/bin/python [--dtype float32] [--streams 1,4,16]
 
-Settings of ours (--ours): `none` (target-only: num_draft_tokens 0) and `auto` (the server's
-default proposer and K). Markdown on stdout, JSON in reports/.
+Settings of ours (--ours): `none` (target-only: num_draft_tokens 0), `auto` (the server's
+default proposer and K) and `pytorch` (target-only with SPECDEC_CPU_KERNELS=off: the engine on
+PyTorch's operators, as it was before the CPU's own kernels). Markdown on stdout, JSON in reports/.
 """
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ from inputs import DEFAULT_PROMPTS, ROOT, add_server_env_argument, load_prompts
 from machine import git_state, machine
 from progress import log
 from server import Server, exit_on_sigterm
+
+
+# --ours: (the table's name, num_draft_tokens, the server's own settings).
+OURS = {"none": ("ours target-only", 0, ()),
+        "auto": ("ours default (auto)", -1, ()),
+        "pytorch": ("ours target-only, PyTorch's operators", 0,
+                    (("SPECDEC_CPU_KERNELS", "off"),))}
 
 
 class Vllm:
@@ -91,16 +99,21 @@ class PlainClient(OpenAIClient):
 
 def measure(make_client, prompts: list[str], k: int, max_tokens: int, streams: int,
             label: str) -> tuple[dict, list[Req]]:
-    """All prompts at `streams` concurrent requests: output tokens over the wall time, TTFT."""
+    """All prompts at `streams` concurrent requests: output tokens over the wall time, TTFT.
+    The clients are made first: made in their threads, on two busy cores, they started their
+    streams up to 0.8 s apart, and a TTFT at 16 streams timed the client's start as much as
+    the server (vLLM's mean read 210 ms in one run, 520 in another)."""
+    clients = [make_client() for _ in range(streams)]
     t0 = time.perf_counter()
-    reqs = run(make_client, prompts, k, max_tokens, streams, label)
+    reqs = run(clients.pop, prompts, k, max_tokens, streams, label)
     wall = time.perf_counter() - t0
     ttft = [r.ttft_s for r in reqs if r.ttft_s is not None]
     tokens = sum(r.tokens for r in reqs)
     return {"streams": streams, "requests": len(reqs), "output_tokens": tokens,
             "wall_s": wall, "tokens_per_s": tokens / wall,
             "ttft_mean_ms": 1000 * sum(ttft) / len(ttft),
-            "ttft_p50_ms": 1000 * percentile(ttft, 50)}, reqs
+            "ttft_p50_ms": 1000 * percentile(ttft, 50),
+            "ttfts_ms": [round(1000 * t, 1) for t in ttft]}, reqs
 
 
 def side(name: str, make_client, prompts_for, k: int, max_tokens: int,
@@ -145,8 +158,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024)
-    ap.add_argument("--ours", default="none,auto",
-                    help="our settings: none (target-only), auto (default proposer, K auto)")
+    ap.add_argument("--ours", default="pytorch,none,auto",
+                    help="our settings: none (target-only), auto (the default proposer, K "
+                         "auto), pytorch (target-only without the CPU's own kernels, a server "
+                         "of its own)")
     ap.add_argument("--vllm-arg", action="append", default=[],
                     help="one more argument for vLLM's server (repeatable)")
     ap.add_argument("--vllm-ngram", type=int, default=4,
@@ -186,18 +201,18 @@ def main(argv=None) -> int:
         finally:
             vllm.stop()
     env = {"SPECDEC_DTYPE": args.dtype, **dict(args.server_env)}
-    with Server(args.target, Path("none"), max_seq_len=args.max_seq_len, env=env,
-                workdir=workdir) as server:
-        gateway = Gateway(server.grpc_url, workdir, server.env)
-        try:
-            for setting in args.ours.split(","):
-                k = {"none": 0, "auto": -1}[setting]
-                name = {"none": "ours target-only", "auto": "ours default (auto)"}[setting]
-                got, texts[name] = side(name, lambda: OpenAIClient(gateway), prompts_for, k,
-                                        args.max_tokens, streams)
-                rows += got
-        finally:
-            gateway.stop()
+    chosen = [OURS[name] for name in args.ours.split(",")]
+    for server_env in dict.fromkeys(extra for _, _, extra in chosen):
+        with Server(args.target, Path("none"), max_seq_len=args.max_seq_len,
+                    env={**env, **dict(server_env)}, workdir=workdir) as server:
+            gateway = Gateway(server.grpc_url, workdir, server.env)
+            try:
+                for name, k, _ in (c for c in chosen if c[2] == server_env):
+                    got, texts[name] = side(name, lambda: OpenAIClient(gateway), prompts_for,
+                                            k, args.max_tokens, streams)
+                    rows += got
+            finally:
+                gateway.stop()
     same = {}
     if "vLLM target-only" in texts:
         base = texts["vLLM target-only"]
