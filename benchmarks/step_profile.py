@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--kernel-threads", type=int, default=0,
                     help="the CPU kernels' threads (0: every core, as served)")
+    ap.add_argument("--cpu-kernels", choices=("auto", "off"), default="auto",
+                    help="off: the CPU engine on PyTorch's operators (SPECDEC_CPU_KERNELS=off)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -195,7 +197,8 @@ def main(argv=None) -> int:
     for path in args.models.split(","):
         for mode in args.modes.split(","):
             engine = Engine.load(path, max(batches), args.context + args.steps + 16, dtype, dev,
-                                 batch_invariant=mode == "exact")
+                                 batch_invariant=mode == "exact",
+                                 cpu_kernel=None if args.cpu_kernels == "auto" else False)
             if engine.graphs is not None:
                 engine.capture_graphs()
             read = weight_bytes(engine)
@@ -209,8 +212,10 @@ def main(argv=None) -> int:
                              "gemm_gb_s": read / gemm / 1e6 if gemm else None})
                 print(f"{path} {mode} batch {b}: {1000 * step_s:.2f} ms", file=sys.stderr)
             del engine
+    kernels = "" if dev.type == "cuda" else (
+        ", the CPU's kernels" if args.cpu_kernels == "auto" else ", PyTorch's operators")
     print(f"## One decode step by kind ({args.device}, {str(dtype).removeprefix('torch.')}, "
-          f"{args.context} cached tokens)\n")
+          f"{args.context} cached tokens{kernels})\n")
     print("ms a step, eager (the kinds' sum is the eager step, which CUDA graphs shorten); "
           "GEMM GB/s: the weights read over the GEMMs' time.\n")
     print("| model | mode | batch | step ms | kernels | " + " | ".join(KINDS) + " | GEMM GB/s |")

@@ -6,6 +6,9 @@ float64 softmax over each query's keys; each must give a row (a query) the bits 
 variations included (windows, capped scores, partial rotary, q/k norms, biases), and a machine
 where they cannot build must keep PyTorch's operators with the reason said.
 """
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,8 @@ from specdec.model import Batch, Linear, RMSNorm
 from specdec.records import Request
 from tests.core.conftest import generate
 from tests.tiny_checkpoints import make_checkpoint
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
 LIB = build.load()
 needs_kernel = pytest.mark.skipif(LIB is None, reason=f"no CPU kernels here: {build.reason()}")
@@ -221,6 +226,36 @@ def test_silu_times_up_is_pytorchs(dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     assert torch.equal(pointwise.silu_mul(gate_up[1:2]), got[1:2])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_the_kernels_a_token_scores_alike_in_a_step_a_verification_and_a_batch(tmp_path,
+                                                                                  dtype):
+    """With every row computed alone (linear layers, attention, norms, SiLU, RoPE), the engine
+    is batch-invariant without the exact mode's flag, in float32 as in bfloat16: a token's
+    hidden state is bitwise the same as a one-token step, inside a 5-token verification, and
+    beside another row of another length. Random weights at a real shape (grouped queries,
+    a 32000-id vocabulary) make the near-ties where a difference would show."""
+    import make_random_pair
+    cfg = make_random_pair.scaled(make_random_pair.PRESETS["llama-1b"], 0.125, 32000)
+    path = tmp_path / "llama"
+    make_random_pair.write_model(path, cfg, make_random_pair.DEFAULT_TARGET, 0, 2**31, None,
+                                 None)
+    e = Engine.load(str(path), 4, 64, dtype, CPU)
+    assert e.cpu_kernel and e.model.cpu_attention and not e.model.invariant
+    prompt = list(range(3, 23))
+    follow = [101, 7, 900, 31000, 12]
+
+    def hidden(rows, starts, slots):
+        batch = Batch.build(rows, starts, slots, e.cache, CPU)
+        with torch.inference_mode():
+            return e.model(batch, e.cache)
+    hidden([prompt, prompt, prompt[:9]], [0, 0, 0], [0, 1, 2])
+    steps = torch.cat([hidden([[t]], [20 + i], [0])[:, 0] for i, t in enumerate(follow)])
+    verify = hidden([follow], [20], [1])[0]
+    beside = hidden([follow, [5, 6, 7]], [20, 9], [1, 2])[0]
+    assert torch.equal(verify, steps) and torch.equal(beside, steps)
 
 
 def test_no_compiler_keeps_pytorch(monkeypatch, tmp_path, pair_dir, caplog):
