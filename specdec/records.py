@@ -121,6 +121,12 @@ class VerifyCall:
                                      # with the q it kept
     next_by: Proposer | None = None
 
+    @property
+    def prefill(self) -> int:
+        """The prompt tokens this call prefills: all of its committed tokens in a sequence's
+        first verification, none after."""
+        return len(self.tokens) if self.start == 0 else 0
+
 
 @dataclass
 class Verdict:

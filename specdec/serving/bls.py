@@ -128,9 +128,10 @@ MAX_ROWS = 64
 
 class BlsVerifier(_Model):
     def __init__(self, pb, model_name: str = names.TARGET_MODEL,
-                 on_batch: Callable[[int], None] = lambda rows: None):
+                 on_batch: Callable[[int], None] = lambda rows: None,
+                 max_prefill: int | None = None):
         super().__init__(pb, model_name)
-        self.rows = Batcher(self._verify, MAX_ROWS)
+        self.rows = Batcher(self._verify, MAX_ROWS, max_prefill, VerifyCall.prefill.fget)
         self.on_batch = on_batch   # Metrics.target_batch
 
     async def verify(self, call: VerifyCall) -> Verdict:

@@ -27,9 +27,10 @@ from .engine_model import TargetModel
 
 class HostedVerifier:
     def __init__(self, pb, model: TargetModel, name: str = names.TARGET_MODEL,
-                 on_batch: Callable[[int], None] = lambda rows: None):
+                 on_batch: Callable[[int], None] = lambda rows: None,
+                 max_prefill: int | None = None):
         self.pb, self.model, self.name = pb, model, name
-        self.rows = Batcher(self._verify, MAX_ROWS)
+        self.rows = Batcher(self._verify, MAX_ROWS, max_prefill, VerifyCall.prefill.fget)
         self.on_batch = on_batch   # Metrics.target_batch
 
     async def verify(self, call: VerifyCall) -> Verdict:

@@ -186,6 +186,9 @@ def _same_dir(a: str, b: str) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+CPU_PREFILL_TOKENS = 128   # max_prefill_tokens' auto on a CPU
+
+
 @dataclass(frozen=True)
 class OrchestratorSettings:
     """speculative_decoding."""
@@ -206,6 +209,11 @@ class OrchestratorSettings:
                                      # else hybrid with a draft model, else ngram
     ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
     ngram_min_n: int = 2
+    # A verification batch's most prompt tokens (its first prompt goes whole): a burst of new
+    # requests is prefilled in pieces, the first of them streaming before the last is read,
+    # and running sequences go on in every piece. -1: auto (128 on a CPU, none on a GPU);
+    # 0: no limit.
+    max_prefill_tokens: int = -1
     draft_reason: str = field(default="", compare=False)   # model_paths': for the start line
     # What target_model drafts with in its own process, and where that process is; the default
     # is auto's placements for an unsharded target without a draft device of its own.
@@ -295,6 +303,17 @@ class OrchestratorSettings:
                 f"{self.draft_reason or 'given'}); requests that name none use "
                 f"'{self.proposer}'")
 
+    def prefill_budget(self) -> int | None:
+        """max_prefill_tokens resolved: None for no limit. Auto's 128 on a CPU: a 16-request
+        burst on smollm2-135m, float32, 2 cores, reached its first tokens in 267-311 ms mean
+        against 518 as one batch, in process (docs/benchmarks.md, "Against vLLM on the same
+        CPU"); on a GPU a prompt token costs little beside a step, and no limit is unmeasured
+        there."""
+        if self.max_prefill_tokens == -1:
+            import torch
+            return None if torch.cuda.is_available() else CPU_PREFILL_TOKENS
+        return self.max_prefill_tokens or None
+
     @property
     def load_cap(self) -> tuple[int, int] | None:
         return (self.spec_full_below, self.spec_off_at) if self.spec_off_at else None
@@ -325,6 +344,9 @@ class OrchestratorSettings:
         lacks = s.default_proposer and s.missing(s.default_proposer)
         if lacks:
             raise SettingsError(f"default_proposer {s.default_proposer!r} needs {lacks}")
+        if s.max_prefill_tokens < -1:
+            raise SettingsError(f"max_prefill_tokens {s.max_prefill_tokens}: expected -1 (auto), "
+                                f"0 (no limit) or a number of tokens")
         if not 1 <= s.ngram_min_n <= s.ngram_max_n:
             raise SettingsError("need 1 <= ngram_min_n <= ngram_max_n")
         return s

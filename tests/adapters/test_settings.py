@@ -195,6 +195,22 @@ def test_proposer_settings_are_checked(values, message):
         OrchestratorSettings.parse(params(**values))
 
 
+def test_max_prefill_tokens(monkeypatch):
+    """auto is 128 prompt tokens a batch where no GPU is seen, no limit where one is; 0 is no
+    limit; below -1 is refused at load."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert OrchestratorSettings.parse(params()).prefill_budget() == 128
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert OrchestratorSettings.parse(params()).prefill_budget() is None
+    assert OrchestratorSettings.parse(params(max_prefill_tokens="0")).prefill_budget() is None
+    monkeypatch.setenv("SPECDEC_MAX_PREFILL_TOKENS", "64")
+    assert OrchestratorSettings.parse(params()).prefill_budget() == 64
+    monkeypatch.setenv("SPECDEC_MAX_PREFILL_TOKENS", "-2")
+    with pytest.raises(SettingsError, match="max_prefill_tokens -2: expected -1"):
+        OrchestratorSettings.parse(params())
+
+
 def test_no_draft_model(monkeypatch):
     monkeypatch.setenv("SPECDEC_DRAFT_MODEL", "none")
     s = OrchestratorSettings.parse(params())

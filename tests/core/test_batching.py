@@ -113,3 +113,25 @@ def test_a_cancelled_caller_does_not_stop_the_others():
         return await kept, await b.submit(3)
 
     assert asyncio.run(main()) == (20, 30)
+
+
+def test_max_prefill_splits_a_burst_of_prompts_and_running_rows_never_wait():
+    """Calls here are (name, prompt tokens): a burst of prompts goes in pieces of at most 100
+    prompt tokens, first come first served (the small prompt behind the one that waits waits
+    too), one longer than that alone; rounds of running sequences (0) go with every piece."""
+    r = Recorder()
+
+    async def run(calls):
+        await r.run([0] * len(calls))
+        r.batches[-1] = [name for name, _ in calls]
+        return calls
+
+    async def main():
+        b = Batcher(run, max_prefill=100, prefill=lambda c: c[1])
+        first = [b.submit(c) for c in [("a", 60), ("x", 0), ("b", 30), ("c", 50), ("d", 5),
+                                       ("e", 250), ("y", 0), ("f", 40)]]
+        await asyncio.gather(*first)
+        return await asyncio.gather(*(b.submit(c) for c in [("g", 101), ("z", 0)]))
+
+    assert asyncio.run(main()) == [("g", 101), ("z", 0)]
+    assert r.batches == [["a", "x", "b", "y"], ["c", "d"], ["e"], ["f"], ["g", "z"]]

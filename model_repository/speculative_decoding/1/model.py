@@ -33,9 +33,11 @@ class TritonPythonModel:
             from specdec.serving.hosted import HostedVerifier
             config = read_model_config(REPOSITORY / "target_model" / "config.pbtxt")
             verifier = HostedVerifier(pb_utils, TargetModel(pb_utils, config, hosted=True),
-                                      on_batch=metrics.target_batch)
+                                      on_batch=metrics.target_batch,
+                                      max_prefill=settings.prefill_budget())
         else:
-            verifier = BlsVerifier(pb_utils, on_batch=metrics.target_batch)
+            verifier = BlsVerifier(pb_utils, on_batch=metrics.target_batch,
+                                   max_prefill=settings.prefill_budget())
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
                                          target.vocab_size, BlsDrafter(pb_utils), verifier,
                                          metrics, special_ids(tokenizer_path(params)))
