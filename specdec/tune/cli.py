@@ -76,6 +76,9 @@ def run(args) -> int:
         device, dtype = settings.torch_device(), settings.torch_dtype()
     except (RuntimeError, KeyError) as e:
         return _fail(f"--device/--dtype: {e}")
+    if device.type == "cpu":   # the CPU kernels' threads as the server sets them
+        from ..cpu import build
+        build.set_threads(settings.kernel_thread_count())
     tokenizer = _tokenizer(args.target)
     ids = [encode(tokenizer, p) for p in prompts]
     max_len = min(target_args.max_position_embeddings,
