@@ -5,7 +5,8 @@ fine for speed, `make_random_pair.py --target smollm2-135m --readable`) in one d
 are asked the same thing through their own OpenAI /v1/completions: greedy, streamed, the same
 prompts. One server runs at a time (two would share the two cores): vLLM target-only and with
 its prompt lookup (ngram, --vllm-ngram K), then ours with each of its settings. Texts are
-compared prompt by prompt against vLLM target-only's (float arithmetic of two engines may part
+compared prompt by prompt: each speculative row's against its own engine's target-only (ours
+must be equal), and ours against vLLM target-only's (float arithmetic of two engines may part
 at a near-tie of random weights: counted, not hidden). With random weights, greedy text repeats
 itself, which prompt lookup predicts: a speculative row's acceptance there is not a real
 model's (its costs are).
@@ -213,23 +214,30 @@ def main(argv=None) -> int:
                     rows += got
             finally:
                 gateway.stop()
+    # Each row's texts against its own engine's target-only (speculation must not change them:
+    # ours is exact, vLLM's is not in bfloat16) and ours against vLLM's.
     same = {}
-    if "vLLM target-only" in texts:
-        base = texts["vLLM target-only"]
+    for base_name, rows_of in (("vLLM target-only", lambda n: n.startswith("vLLM")),
+                               ("ours target-only", lambda n: n.startswith("ours")),
+                               ("vLLM target-only", lambda n: n.startswith("ours"))):
+        if base_name not in texts:
+            continue
+        base = texts[base_name]
         for name, by_streams in texts.items():
-            if name != "vLLM target-only":
-                same[name] = {s: sum(a == b for a, b in zip(t, base[s]))
-                              for s, t in by_streams.items()}
+            if name != base_name and rows_of(name):
+                same[f"{name}|{base_name}"] = {s: sum(a == b for a, b in zip(t, base[s]))
+                                               for s, t in by_streams.items()}
     print(f"## Ours against vLLM {args.dtype}, {args.max_tokens} tokens a request, greedy, "
           f"streamed /v1/completions\n")
     print(table(rows, streams))
-    for name, counts in same.items():
-        print(f"\n{name}: text equal to vLLM target-only's in " + ", ".join(
+    for pair, counts in same.items():
+        name, base_name = pair.split("|")
+        print(f"\n{name}: text equal to {base_name}'s in " + ", ".join(
             f"{n}/{len(texts[name][s])} at {s}" for s, n in counts.items()))
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": machine(), "git": git_state(), "target": str(args.target),
               "dtype": args.dtype, "max_tokens": args.max_tokens, "rows": rows,
-              "same_text_as_vllm": same, "server_env": env}
+              "same_text": same, "server_env": env}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"vs_vllm-{args.dtype}-{int(time.time())}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
