@@ -9,8 +9,9 @@
 #                                              # the 1B draft by kind of work (GEMM, attention,
 #                                              # norm, rotary, KV write, elementwise, casts,
 #                                              # sampling), kernels a step, GEMM GB/s; batch 1
-#                                              # and 16, plain and exact, 512 cached tokens:
-#                                              # about 5 min (dry-run: SCALE=0.0625, 40 s)
+#                                              # and 16, plain and exact, each with and
+#                                              # without the fused norms and MLP, 512 cached
+#                                              # tokens: about 7 min (dry-run: SCALE=0.0625)
 #   bash benchmarks/gpu_checklist.sh costs     # items 2, 4 (+ SWIFT, Medusa), 1 at 8B: 8 min
 #   bash benchmarks/gpu_checklist.sh exact     # item 1 on the embedded pair, the exact mode's
 #                                              # kernels: 1.5 min (H100) before them
@@ -71,8 +72,11 @@ profile)
     timeout 160 $py benchmarks/make_random_pair.py --out "$pair" --scale "$scale" \
         --device "$draw" 2>&1 | tail -2
     stamp "step profile"
-    timeout 300 $py benchmarks/step_profile.py --device "$draw" \
-        --models "$pair/target,$pair/draft" --batches 1,16 --modes plain,exact --context 512 \
+    # -fused: the layers' norms and SiLU x up by gpu_pointwise's Triton kernels, off by default
+    # until this measures them (SPECDEC_FUSED_POINTWISE).
+    timeout 420 $py benchmarks/step_profile.py --device "$draw" \
+        --models "$pair/target,$pair/draft" --batches 1,16 \
+        --modes plain,exact,plain-fused,exact-fused --context 512 \
         --json "$out/step-profile.json" 2>&1 | tee "$out/step-profile.md"
     ;;
 costs)

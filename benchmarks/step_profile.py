@@ -61,6 +61,7 @@ def scopes():
         patched.append((owner, name, fn))
     wrap(model.Linear, "forward", "GEMM")
     wrap(model.RMSNorm, "forward", "norm")
+    wrap(model.RMSNorm, "add", "norm")   # with the residual add before it, fused or not
     wrap(model, "rotate", "rotary")
     wrap(model, "rotation", "rotary")
     wrap(attention, "attend", "attention")
@@ -177,7 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--modes", default="plain,exact")
+    ap.add_argument("--modes", default="plain,exact",
+                    help="plain, exact, and each with -fused: the layers' norms and SiLU x up by "
+                         "gpu_pointwise's Triton kernels (SPECDEC_FUSED_POINTWISE, CUDA only)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--kernel-threads", type=int, default=0,
@@ -196,9 +199,14 @@ def main(argv=None) -> int:
     rows = []
     for path in args.models.split(","):
         for mode in args.modes.split(","):
+            base, _, fused = mode.partition("-")
             engine = Engine.load(path, max(batches), args.context + args.steps + 16, dtype, dev,
-                                 batch_invariant=mode == "exact",
-                                 cpu_kernel=None if args.cpu_kernels == "auto" else False)
+                                 batch_invariant=base == "exact",
+                                 cpu_kernel=None if args.cpu_kernels == "auto" else False,
+                                 fused_pointwise=fused == "fused")
+            if fused and not engine.fused_pointwise:
+                print(f"{mode}: the fused kernels are not attached here (CUDA only, or their "
+                      f"probe failed): the same as {base}", file=sys.stderr)
             if engine.graphs is not None:
                 engine.capture_graphs()
             read = weight_bytes(engine)

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from . import attention
+from . import attention, gpu_pointwise
 from .cpu import (attention as cpu_attention, build as cpu_build, linear as cpu_linear,
                   pointwise as cpu_pointwise)
 from .config import CheckpointError, ModelArgs
@@ -38,13 +38,14 @@ class Engine:
                  device: torch.device, vocab_size: int | None = None,
                  attention_kind: str = "auto", cuda_graphs: bool | None = None,
                  head: EagleHead | None = None, batch_invariant: bool = False,
-                 cpu_kernel: bool | None = None):
+                 cpu_kernel: bool | None = None, fused_pointwise: bool = False):
         """attention_kind: auto, sdpa or flash (attention.choose). cuda_graphs: replay small
         forwards (the head's too) from CUDA graphs (graphs.py); None = on CUDA. head: an EAGLE-3
         head drafting inside verify (eagle/). batch_invariant: score each token with the same
         arithmetic whatever its batch holds (invariant.py). cpu_kernel: the CPU's own kernels
-        (cpu/; None: on the CPU in float32 and bfloat16 where they build; True: required). Load
-        errors raise ValueError."""
+        (cpu/; None: on the CPU in float32 and bfloat16 where they build; True: required), which
+        fuse the layers' norms and MLP there. fused_pointwise: on CUDA, those by
+        gpu_pointwise.py's Triton kernels where its probe passes. Load errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
         self.dtype = model.lm_head.weight.dtype
@@ -52,6 +53,8 @@ class Engine:
                              self.dtype, device)
         model.flash = attention.choose(attention_kind, device, self.dtype)
         self.cpu_kernel = _pack_for_cpu(model, device, self.dtype, cpu_kernel)
+        self.fused_pointwise = (fused_pointwise and device.type == "cuda"
+                                and gpu_pointwise.attach(model) is None)
         if batch_invariant:
             model.make_batch_invariant()
         # A draft serving another model's vocabulary drafts only ids the target has, and is fed
@@ -107,7 +110,7 @@ class Engine:
              device: torch.device, vocab_size: int | None = None, attention_kind: str = "auto",
              cuda_graphs: bool | None = None, head_path: str | None = None,
              batch_invariant: bool = False, tp=None,
-             cpu_kernel: bool | None = None) -> "Engine":
+             cpu_kernel: bool | None = None, fused_pointwise: bool = False) -> "Engine":
         """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
         loudly if the pool cannot fit. tp: this rank's parallel.Shard (its slices of the
         weights, its KV heads: the memory check is per rank)."""
@@ -134,7 +137,7 @@ class Engine:
                 f"{need / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
                 f"lower max_sequences or max_seq_len")
         return cls(model, max_sequences, max_len, device, vocab_size, attention_kind, cuda_graphs,
-                   head, batch_invariant, cpu_kernel)
+                   head, batch_invariant, cpu_kernel, fused_pointwise)
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.fits(batch):

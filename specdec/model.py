@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import attention, invariant
-from .cpu import linear as cpu_linear, pointwise as cpu_pointwise
+from .cpu import linear as cpu_linear
 from .config import ModelArgs, Rope
 from .kv_cache import KVCache
 from .parallel import Shard
@@ -193,8 +193,9 @@ class Linear(nn.Linear):
 
 class RMSNorm(nn.Module):
     """Llama's (w times the normalized x cast back), or Gemma's (x (1 + w), all in float32).
-    `cpu` (set by the engine, cpu/pointwise.py): one call of the CPU's kernel."""
-    cpu = False
+    `fused` (set by the engine): cpu/pointwise.py or gpu_pointwise.py, whose one kernel call
+    computes it."""
+    fused = None
 
     def __init__(self, dim: int, eps: float, gemma: bool = False):
         super().__init__()
@@ -203,14 +204,14 @@ class RMSNorm(nn.Module):
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + residual, this norm of it)."""
-        if self.cpu:
-            return cpu_pointwise.rmsnorm(x, self.weight, self.eps, self.gemma, residual)
+        if self.fused is not None:
+            return self.fused.rmsnorm(x, self.weight, self.eps, self.gemma, residual)
         x = x + residual
         return x, self(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu:
-            return cpu_pointwise.rmsnorm(x, self.weight, self.eps, self.gemma)[1]
+        if self.fused is not None:
+            return self.fused.rmsnorm(x, self.weight, self.eps, self.gemma)[1]
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:
@@ -263,7 +264,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    cpu = False   # SiLU x up by the CPU's kernel (cpu/pointwise.py); set by the engine
+    fused = None   # SiLU x up by cpu/pointwise.py or gpu_pointwise.py; set by the engine
 
     def __init__(self, args: ModelArgs, tp: Shard | None = None):
         super().__init__()
@@ -273,8 +274,8 @@ class MLP(nn.Module):
         self.gelu = args.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu:
-            out = self.down_proj(cpu_pointwise.silu_mul(self.gate_up_proj(x)))
+        if self.fused is not None:
+            out = self.down_proj(self.fused.silu_mul(self.gate_up_proj(x)))
             return out if self.tp is None else self.tp.all_reduce(out)
         gate, up = self.gate_up_proj(x).chunk(2, -1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)

@@ -176,3 +176,42 @@ def attention_merge(part_m, part_l, part_acc, out, positions, T, G, L, window,
         m, l, acc = _merge(m, l, acc, tl.load(part_m + row, mask=valid, other=-1.0e30),
                            tl.load(part_l + row, mask=valid, other=0.0), accs)
     _finish(out, l, acc, b, t, h, d, valid, dm, sob, sot, soh, sod)
+
+
+# The layer's pointwise work on CUDA (gpu_pointwise.py): one program a row, each row's sums in one
+# fixed order, so a row's bits never depend on the other rows or their count. The roundings are
+# model.RMSNorm's and MLP's: the residual sum rounded to the activations' dtype, statistics in
+# float32, Llama's norm rounded before its weight multiplies it, Gemma's rounded once.
+@triton.jit(do_not_specialize=["rows"])
+def add_rmsnorm(x, add, w, total, out, rows, D, eps,
+                HAS_ADD: tl.constexpr, GEMMA: tl.constexpr, BD: tl.constexpr):
+    """Row r of x [rows, D] (contiguous): total = x + add where HAS_ADD, out = RMSNorm(total)."""
+    r = tl.program_id(0)
+    d = tl.arange(0, BD)
+    m = d < D
+    s = tl.load(x + r * D + d, mask=m, other=0.0)
+    if HAS_ADD:
+        s = (s.to(tl.float32) + tl.load(add + r * D + d, mask=m, other=0.0).to(tl.float32)
+             ).to(x.dtype.element_ty)
+        tl.store(total + r * D + d, s, mask=m)
+    h = s.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, 0) / D + eps)
+    wv = tl.load(w + d, mask=m, other=0.0).to(tl.float32)
+    if GEMMA:
+        o = h * (1.0 + wv)
+    else:
+        o = wv * h.to(x.dtype.element_ty).to(tl.float32)
+    tl.store(out + r * D + d, o.to(out.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["rows"])
+def silu_mul(gate_up, out, rows, I, BI: tl.constexpr):
+    """out [rows, I] = SiLU(gate) x up for gate_up [rows, 2 I] (contiguous, gate first): program
+    (r, j) the row's j-th block of BI; SiLU rounded to the dtype before the product, as F.silu."""
+    r = tl.program_id(0)
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    m = i < I
+    g = tl.load(gate_up + r * 2 * I + i, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gate_up + r * 2 * I + I + i, mask=m, other=0.0).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty).to(tl.float32)
+    tl.store(out + r * I + i, (a * u).to(out.dtype.element_ty), mask=m)

@@ -32,7 +32,8 @@ def attach(engine: Engine, s: EngineSettings, it: InTargetSettings, params: dict
         colocated = Engine.load(draft, s.max_sequences, s.max_seq_len, dtype, device,
                                 vocab_size=engine.model.args.vocab_size,
                                 attention_kind=s.attention,
-                                cuda_graphs=s.cuda_graphs and device.type == "cuda")
+                                cuda_graphs=s.cuda_graphs and device.type == "cuda",
+                                fused_pointwise=s.fused_pointwise)
         engine.add_drafter(Proposer.DRAFT, ColocatedDraft(colocated))
         colocated.capture_graphs()
         said.append(f"draft model {draft} in target_model's process on {device} "

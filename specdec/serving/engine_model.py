@@ -84,7 +84,8 @@ class _EngineModel:
                        cuda_graphs=s.cuda_graphs and device.type == "cuda" and len(devices) == 1,
                        head_path=s.eagle_head_path or None,
                        batch_invariant=s.invariant(self.role, dtype),
-                       cpu_kernel=s.cpu_kernel if device.type == "cpu" else False)
+                       cpu_kernel=s.cpu_kernel if device.type == "cpu" else False,
+                       fused_pointwise=s.fused_pointwise)
         if len(devices) > 1:   # this process is rank 0 and starts the others (parallel_launch)
             from ..parallel_launch import start
             self.engine = start(s.model_path, devices, dict(

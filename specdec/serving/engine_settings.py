@@ -27,6 +27,9 @@ class EngineSettings:
     cpu_kernels: str = "auto"     # auto: the CPU's own kernels where they build; on: required; off
     attention: str = "auto"       # auto: flash-attn on CUDA when installed, else SDPA; sdpa; flash
     cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
+    # CUDA: the layers' norms and SiLU x up by Triton kernels (gpu_pointwise.py); off until a
+    # GPU measures it (benchmarks/gpu_checklist.sh profile times both)
+    fused_pointwise: bool = False
     fault: str = ""               # tests only: a fault script (faults.py); $SPECDEC_<ROLE>_FAULT
     eagle_head_path: str = ""     # target: an EAGLE-3 head drafting in its process; $SPECDEC_EAGLE_HEAD
     in_target_fault: str = ""     # tests only: its in-target drafter's fault script
@@ -80,7 +83,8 @@ class EngineSettings:
             raise SettingsError(f"kernel_threads {s.kernel_threads}: expected 0 (every core) "
                                 f"or more")
         return cls(path, target, s.max_sequences, s.max_seq_len, s.dtype, device, s.cpu_threads,
-                   s.kernel_threads, s.cpu_kernels, s.attention, s.cuda_graphs, s.fault, head,
+                   s.kernel_threads, s.cpu_kernels, s.attention, s.cuda_graphs,
+                   s.fused_pointwise, s.fault, head,
                    s.in_target_fault, paths.tokenizer, s.batch_invariant, degree, devices,
                    draft_device)
 

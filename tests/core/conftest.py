@@ -23,6 +23,21 @@ def _interpreted_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return TensorHandle(products.sum(axis=-2) + d.data, d.dtype.scalar)
 
 
+def _rounded_cast(cast):
+    """float32 to bfloat16 rounded to nearest even, as a GPU's cvt does: the interpreter's own
+    truncates (triton 3.7.1), so a kernel's bf16 results read one unit in the last place low
+    wherever PyTorch's round up."""
+    def cast_impl(self, src, dst_type):
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bf = torch.from_numpy(np.ascontiguousarray(src.data, np.float32)).to(torch.bfloat16)
+            return TensorHandle(bf.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return cast(self, src, dst_type)
+    return cast_impl
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     try:
         from triton.runtime.interpreter import InterpreterBuilder
@@ -30,6 +45,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         pass
     else:
         InterpreterBuilder.create_dot = _interpreted_dot
+        InterpreterBuilder.cast_impl = _rounded_cast(InterpreterBuilder.cast_impl)
 
 from specdec.engine import Engine
 from specdec.local import LocalDrafter, LocalVerifier
