@@ -56,6 +56,7 @@ RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 uv
 # compiles each kernel's launcher when the kernel is first loaded, and the exact mode's linear
 # layers run a Triton kernel on CUDA (specdec/invariant_gemm.py). Without them the load probe
 # fails and those layers fall back to cuBLAS over 128-row blocks, slower (docs/exactness.md).
+# An engine on the CPU compiles its own kernels with the same gcc (specdec/cpu/build.py).
 # Ubuntu 24.04's packages, as the base image's apt sources give them.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
