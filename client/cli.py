@@ -10,7 +10,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .api import (
+from .api import generate, generate_stream, grpc_generate, grpc_stream
+from .stream import TextStream
+from .wire import (
     DEFAULT_GRPC_URL,
     DEFAULT_HTTP_URL,
     DEFAULT_TIMEOUT_S,
@@ -19,12 +21,7 @@ from .api import (
     GenerationParams,
     Result,
     ServerError,
-    generate,
-    generate_stream,
-    grpc_generate,
-    grpc_stream,
 )
-from .stream import TextStream
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130

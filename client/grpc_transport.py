@@ -18,7 +18,7 @@ import numpy as np
 from tritonclient.grpc import InferenceServerClient, InferInput
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from .api import (
+from .wire import (
     FINISH_REASON,
     INPUT_DATATYPES,
     OUTPUTS,

@@ -17,8 +17,8 @@ from urllib.parse import quote, urlsplit
 
 import httpx2
 
-from .api import (GenerationParams, Result, ServerError, build_generate_body, decode_event,
-                  outputs_from_json)
+from .wire import (GenerationParams, Result, ServerError, build_generate_body, decode_event,
+                   outputs_from_json)
 from .stream import Collector, TextStream
 
 

@@ -14,7 +14,7 @@ from specdec.names import (ACCEPTANCE_RATE, FINISH_REASON, NGRAM_ACCEPTED_TOKENS
                            STATS_OUTPUTS, TEXT_OUTPUT, TOTAL_ACCEPTED_DRAFT_TOKENS,
                            TOTAL_DRAFT_TOKENS)
 
-from .api import FINISH_CANCELLED, Result
+from .wire import FINISH_CANCELLED, Result
 
 
 class Collector:

@@ -17,17 +17,15 @@ row's T tokens fit in max_len; otherwise that forward takes SDPA.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from . import invariant, invariant_attention
+from .batch import Batch
 from .cpu import attention as cpu_attention
 from .kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from .model import Batch
 
 FlashKernel = Callable[..., torch.Tensor]
 
@@ -59,7 +57,7 @@ class Plan:
     real: torch.Tensor | None = None
 
 
-def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
+def plan(batch: Batch, cache: KVCache, windows: tuple[int, ...],
          flash: FlashKernel | None, batch_invariant: bool = False, cpu: bool = False) -> Plan:
     """windows: the model's layers' windows (0: global). Each row's run of positions starts at
     its cached length; batch.max_end bounds where flash-attn would write. batch_invariant:
@@ -84,7 +82,7 @@ def plan(batch: "Batch", cache: KVCache, windows: tuple[int, ...],
 
 
 def attend(p: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-           batch: "Batch", cache: KVCache, window: int = 0, scale: float | None = None,
+           batch: Batch, cache: KVCache, window: int = 0, scale: float | None = None,
            softcap: float | None = None,
            rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [B, T, H, D], k and v [B, T, KV, D] (rotated, but on the CPU's kernel, which rotates

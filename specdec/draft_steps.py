@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .kv_cache import KVCache
-from .model import Batch
+from .batch import Batch
 from .sampling import DRAFT, BatchSampling, probabilities, sample
 from .transfer import to_device
 

@@ -24,7 +24,8 @@ from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
-from .model import Batch, Transformer, on_meta, vocab_rows
+from .batch import Batch
+from .model import Transformer, on_meta, vocab_rows
 from .parallel import Shard, layout, local_args
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .kv_cache import KVCache
-from .model import Batch, Transformer
+from .batch import Batch
+from .model import Transformer
 
 if TYPE_CHECKING:   # eagle/ imports model.py, as this file does
     from .eagle.head import EagleHead

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from .records import ProposeCall, SamplingParams, SlotError
+from .records import Proposal, ProposeCall, SamplingParams, SlotError
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .sampling import BatchSampling
+
+
+class DraftEngine(Protocol):
+    """What a co-located draft calls of its engine (engine.Engine, or SWIFT's view of the
+    target's): this module is below the engine, which imports it."""
+
+    def propose(self, calls: list[ProposeCall]) -> list[Proposal | SlotError]: ...
 
 
 @dataclass
@@ -69,7 +75,7 @@ class ColocatedDraft(InTargetDrafter):
     last drafts that were accepted."""
     follows_commits = True
 
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: DraftEngine):
         self.engine = engine
         self.history: dict[int, list[int] | None] = {}   # committed tokens; None: lost
         self.held: dict[int, int] = {}        # committed tokens its cache holds

@@ -63,7 +63,7 @@ class Planner:
         self.failing = False
         self.down_until = 0.0
         self.backoff = down_s
-        self.probing = False
+        self.prober: Policy | None = None   # the one sequence testing a draft that failed
 
     def open(self, num_draft_tokens: int, auto: bool, frozen: bool = False,
              proposers: tuple[Proposer, ...] = (Proposer.DRAFT,)) -> Policy:
@@ -78,8 +78,8 @@ class Planner:
 
     def close(self, policy: Policy) -> None:
         self.active -= 1
-        if policy.probing_draft:   # its probe never came back: let another sequence try
-            self.probing = policy.probing_draft = False
+        if self.prober is policy:   # its probe never came back: let another sequence try
+            self.prober = None
 
     def server_acceptance(self, proposer: Proposer) -> list[float]:
         return self.acceptance[proposer].rates(PRIOR_ACCEPTANCE[proposer],
@@ -131,8 +131,8 @@ class Planner:
             return
         self.rounds_seen += 1
         if r.k:
-            if r.proposer == Proposer.DRAFT and (policy.probing_draft or self.failing):
-                self.failing = self.probing = policy.probing_draft = False
+            if r.proposer == Proposer.DRAFT and (self.prober is policy or self.failing):
+                self.failing, self.prober = False, None
                 self.backoff = self.down_s
             self.acceptance[r.proposer].add(r.k, r.accepted)
         if r.prefill:
@@ -150,22 +150,26 @@ class Planner:
     def _draft_failed(self, policy: Policy) -> None:
         # Calls already in flight when the draft went down fail too: only the first failure
         # and a failed probe extend the backoff.
-        if policy.probing_draft or not self.failing:
+        if self.prober is policy or not self.failing:
             self.down_until = self.clock() + self.backoff
             self.backoff = min(self.backoff * 2, self.down_max_s)
         self.failing = True
-        if policy.probing_draft:
-            self.probing = policy.probing_draft = False
+        if self.prober is policy:
+            self.prober = None
+
+    def observe_probe(self, proposer: Proposer, seconds: float) -> None:
+        """A probe's proposal took `seconds` (an off drafter's catch-up included)."""
+        self.probe_s[proposer] += 0.5 * (seconds - self.probe_s[proposer])
 
     def draft_blocked(self, policy: Policy) -> bool:
         """The draft is down, or another sequence is probing it."""
         return self.failing and (self.clock() < self.down_until
-                                 or (self.probing and not policy.probing_draft))
+                                 or self.prober not in (None, policy))
 
     def use_draft(self, policy: Policy) -> None:
         """policy drafts now; while the draft is failing, that makes it the probe."""
         if self.failing:
-            self.probing = policy.probing_draft = True
+            self.prober = policy
 
     def capped(self, k: int) -> int:
         if self.load_cap is None:

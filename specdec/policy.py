@@ -25,13 +25,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .estimates import PRIOR_ACCEPTANCE, SEQUENCE_WEIGHT, Acceptance, Costs, expected_tokens
 from .records import Off, Proposer, Round
 
-if TYPE_CHECKING:
-    from .planner import Planner
+
+class Shared(Protocol):
+    """What a sequence's policy reads of, and tells, the server-wide planner (planner.Planner,
+    which makes the policies: this module is below it). The planner owns all of it."""
+    max_k: int
+    active: int                       # sequences open
+    in_target: frozenset[Proposer]
+    probe_every: int
+    probe_max: int
+    probe_s: dict[Proposer, float]    # what a probe's proposal took (observe_probe)
+    frozen_costs: Costs
+
+    def server_acceptance(self, proposer: Proposer) -> list[float]: ...
+    def costs_now(self) -> Costs: ...
+    def width(self, proposer: Proposer) -> int: ...
+    def capped(self, k: int) -> int: ...
+    def draft_blocked(self, policy: "Policy") -> bool: ...
+    def use_draft(self, policy: "Policy") -> None: ...
+    def observe(self, r: Round, policy: "Policy") -> None: ...
+    def observe_probe(self, proposer: Proposer, seconds: float) -> None: ...
 
 # Every STRETCH_EVERY-th round that drafts, one token more than the estimates' best: the
 # position beyond is measured now and then, or one unlucky rejection there would keep k below
@@ -54,9 +72,7 @@ class Choice:
 
 
 class Policy:
-    probing_draft = False     # this sequence is the one testing a draft that failed
-
-    def __init__(self, planner: Planner, proposers: tuple[Proposer, ...], frozen: bool):
+    def __init__(self, planner: Shared, proposers: tuple[Proposer, ...], frozen: bool):
         self.planner, self.proposers, self.frozen = planner, proposers, frozen
 
     def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
@@ -97,7 +113,7 @@ class Policy:
 
 
 class Fixed(Policy):
-    def __init__(self, planner: Planner, proposers: tuple[Proposer, ...], k: int, frozen: bool):
+    def __init__(self, planner: Shared, proposers: tuple[Proposer, ...], k: int, frozen: bool):
         super().__init__(planner, proposers, frozen)
         self.k = k
 
@@ -123,7 +139,7 @@ class Fixed(Policy):
 
 
 class Adaptive(Policy):
-    def __init__(self, planner: Planner, proposers: tuple[Proposer, ...], cap: int, frozen: bool):
+    def __init__(self, planner: Shared, proposers: tuple[Proposer, ...], cap: int, frozen: bool):
         super().__init__(planner, proposers, frozen)
         self.cap = cap
         self.own = {p: Acceptance(planner.max_k, decay=0.97) for p in proposers}
@@ -279,8 +295,7 @@ class Adaptive(Policy):
             return
         self.own[r.proposer].add(r.k, r.accepted)
         if self.probe == r.proposer:
-            probe_s = self.planner.probe_s   # what probing costs, its catch-up included
-            probe_s[r.proposer] += 0.5 * (r.draft_s - probe_s[r.proposer])
+            self.planner.observe_probe(r.proposer, r.draft_s)
             # Back off while probes fail; a passing one resets.
             every = self.probe_every[r.proposer]
             self.probe_every[r.proposer] = (self.planner.probe_every if r.accepted

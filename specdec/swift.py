@@ -24,7 +24,8 @@ import torch
 
 from . import attention
 from .kv_cache import KVCache
-from .model import Batch, Transformer
+from .batch import Batch
+from .model import Transformer
 
 SETTING = "SPECDEC_SELF_SKIP"
 

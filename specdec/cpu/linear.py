@@ -91,13 +91,13 @@ def pack_model(model) -> int:
     """Pack the model.Linear layers of `model` (a Transformer, or swift's SkipView over one)
     whose weight is float32 or bfloat16 on the CPU. A layer's unpacked weight is dropped, the
     packed copy replacing it in memory, but the LM head's, which the embedding may share (tied)
-    and heads and distillation read. Returns how many layers are packed."""
-    from ..model import Linear
+    and heads and distillation read. Returns how many layers are packed. A layer is one that can
+    hold a packed weight (model.Linear's `packed`; this package imports nothing of the model)."""
     layers = model.modules() if isinstance(model, torch.nn.Module) else \
         (m for layer in model.layers for m in layer.modules())
     count = 0
     for m in layers:
-        if not isinstance(m, Linear):
+        if not (isinstance(m, torch.nn.Linear) and hasattr(m, "packed")):
             continue
         if m.packed is None and m.weight.device.type == "cpu" and m.weight.dtype in DTYPES:
             m.packed = pack(m.weight)

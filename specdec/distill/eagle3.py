@@ -27,7 +27,8 @@ from ..config import ModelArgs, Rope
 from ..eagle.config import SPECULATORS, HeadArgs
 from ..eagle.head import EagleHead
 from ..kv_cache import KVCache
-from ..model import Batch, RMSNorm, Transformer, rope_table, rotation
+from ..batch import Batch
+from ..model import RMSNorm, Transformer, rope_table, rotation
 from ..weights import load_model
 from . import data, train
 

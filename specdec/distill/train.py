@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..engine import Engine
-from ..model import Batch
+from ..batch import Batch
 from . import data
 from .report import latest_a4, summary
 

@@ -17,7 +17,7 @@ from ..draft_steps import StepRows, draft_steps
 from ..graphs import GraphedForward
 from ..in_target import InTargetDrafter, Verified
 from ..kv_cache import KVCache
-from ..model import Batch
+from ..batch import Batch
 from .head import EagleHead
 
 

@@ -21,7 +21,8 @@ from torch import nn
 
 from .. import attention
 from ..kv_cache import KVCache
-from ..model import MLP, Attention, Batch, RMSNorm, rope_buffer, rotation
+from ..batch import Batch
+from ..model import MLP, Attention, RMSNorm, rope_buffer, rotation
 from .config import HeadArgs
 
 

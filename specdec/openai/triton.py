@@ -29,7 +29,7 @@ from specdec.serving.requests import InvalidInput
 from specdec.serving.settings import RequestLimits
 from specdec.serving.tokenizer import decode_ids, encode_request
 from specdec_client import GenerationParams
-from specdec_client.api import INPUT_DATATYPES
+from specdec_client.wire import INPUT_DATATYPES
 from specdec_client.grpc_transport import (infer_inputs, outputs_from_infer_result,
                                            parse_version, stream_headers)
 from specdec_client.stream import Collector

@@ -32,7 +32,7 @@ import torch
 from ..engine import Engine
 from ..estimates import LinearFit, expected_tokens
 from ..kv_cache import KVCache
-from ..model import Batch
+from ..batch import Batch
 from ..records import ProposeCall, SamplingParams, SlotError
 from ..swift import SETTING, SkipView, format_skip
 from .measure import measure

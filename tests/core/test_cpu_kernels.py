@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from specdec.cpu import attention, build, linear, pointwise
 from specdec.engine import Engine
-from specdec.model import Batch, Linear, RMSNorm
+from specdec.batch import Batch
+from specdec.model import Linear, RMSNorm
 from specdec.records import Request
 from tests.core.conftest import generate
 from tests.tiny_checkpoints import make_checkpoint

@@ -15,7 +15,7 @@ from specdec.engine import Engine
 from specdec.kv_cache import KVCache
 from specdec.local import LocalVerifier
 from specdec.loop import speculate
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.records import Request
 from specdec.weights import load_model
 from tests.core.distill_helpers import distill, interrupt, report, tiny_target

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from specdec.engine import Engine
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.weights import load_model
 from tests.core.distill_helpers import distill, report, tiny_target
 

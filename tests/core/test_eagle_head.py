@@ -15,7 +15,8 @@ from specdec.eagle.checkpoint import load_head, save_speculators
 from specdec.eagle.config import head_args
 from specdec.eagle.head import EagleHead
 from specdec.kv_cache import KVCache
-from specdec.model import Batch, Transformer
+from specdec.batch import Batch
+from specdec.model import Transformer
 from specdec.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint
 

@@ -15,7 +15,7 @@ import transformers
 from specdec.config import CheckpointError, ModelArgs
 from specdec.eagle.checkpoint import load_head
 from specdec.engine import Engine
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.records import Request
 from specdec.weights import load_model
 from tests.core.conftest import engines, generate

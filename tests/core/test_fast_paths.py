@@ -11,7 +11,7 @@ import transformers
 from specdec import attention
 from specdec.engine import Engine
 from specdec.graphs import GraphedForward
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.records import Request
 from specdec.sampling import SamplingParams
 from specdec.weights import load_model

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from specdec import gpu_pointwise  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
-from specdec.model import Batch  # noqa: E402
+from specdec.batch import Batch  # noqa: E402
 from tests.tiny_checkpoints import make_checkpoint  # noqa: E402
 
 CPU = torch.device("cpu")

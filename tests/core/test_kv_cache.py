@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specdec.kv_cache import KVCache, SlotPool
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.records import SlotError, VerifyCall
 from specdec.sampling import SamplingParams
 from tests.core.conftest import engines

@@ -15,7 +15,7 @@ from specdec.config import CheckpointError, ModelArgs
 from specdec.distill import medusa
 from specdec.kv_cache import KVCache
 from specdec.medusa.checkpoint import load_medusa, save_medusa
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.weights import load_model
 from tests.core.distill_helpers import DEFAULT_TARGET, distill, interrupt, report
 

@@ -4,7 +4,7 @@ import torch
 import transformers
 
 from specdec.engine import Engine
-from specdec.model import Batch
+from specdec.batch import Batch
 from specdec.weights import load_model
 from tests.tiny_checkpoints import VARIANTS, make_checkpoint
 

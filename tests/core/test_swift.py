@@ -13,7 +13,8 @@ import torch
 from specdec.cli import main
 from specdec.engine import Engine
 from specdec.kv_cache import KVCache
-from specdec.model import Batch, Transformer
+from specdec.batch import Batch
+from specdec.model import Transformer
 from specdec.records import ProposeCall, Request, SamplingParams
 from specdec.swift import SkipView, format_skip, parse_skip
 from specdec.tune.measure import measure
