@@ -36,6 +36,7 @@ class Verifier(Protocol):
     async def release(self, seq_id: int) -> None: ...
 
 
+NOTHING = Drafted(Proposal([], None))   # a round that drafts nothing
 # How long a finished sequence waits for the draft model's release before it frees its slot
 # (a healthy draft answers in milliseconds; the release goes on after that, unwaited).
 DRAFT_RELEASE_WAIT_S = 0.05
@@ -124,41 +125,46 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             if cancelled():
                 out.finish = Finish.CANCELLED
                 break
-            n = len(committed)
-            t0 = time.perf_counter()
-            limit = 0 if req.prefill_alone and stats.rounds == 0 else max(0, min(
-                req.num_draft_tokens, max_len - n, req.max_tokens - len(out.tokens) - 1))
+            n, t0 = len(committed), time.perf_counter()
+            # Choose: k and who drafts it, within what the request has left.
+            first = req.prefill_alone and stats.rounds == 0
+            limit = 0 if first else _room(req, max_len, n, len(out.tokens))
             choice = policy.choose(limit, {p: q.offer(committed, limit)
                                            for p, q in proposers.items()}) if limit else Choice(0)
             chosen = proposers.get(choice.proposer) if choice.k else None
-            d = await chosen.propose(committed, choice.k) if chosen else Drafted(Proposal([], None))
-            k = len(d.proposal.tokens)
+            # Propose.
+            d = await chosen.propose(committed, choice.k) if chosen else NOTHING
+            k, t1 = len(d.proposal.tokens), time.perf_counter()
             discarded = proposers[ahead].unused(chosen, k) if ahead else 0
-            t1 = time.perf_counter()
-            # The in-target drafter drafts the next round's proposal now; that round's limit is
-            # at most this.
-            next_limit = max(0, min(req.num_draft_tokens, max_len - n - 1,
-                                    req.max_tokens - len(out.tokens) - 2))
-            next_k = proposers[ahead].next_k(next_limit) if ahead else None
+            # Verify; an in-target drafter drafts the next round's proposal inside this call,
+            # for a round with at least one more token committed.
+            next_k = (proposers[ahead].next_k(_room(req, max_len, n + 1, len(out.tokens) + 1))
+                      if ahead else None)
             verdict = await verifier.verify(VerifyCall(
-                seq_id, target_len, committed[target_len:], d.proposal.tokens, d.proposal.probs,
-                req.sampling, next_k, bool(k and chosen.in_verifier), ahead))
+                seq_id=seq_id, start=target_len, tokens=committed[target_len:],
+                drafts=d.proposal.tokens, draft_probs=d.proposal.probs, sampling=req.sampling,
+                next_k=next_k, drafts_in_target=bool(k and chosen.in_verifier), next_by=ahead))
             t2 = time.perf_counter()
-            draft_s = t1 - t0 if d.draft_s is None else d.draft_s
-            verify_s = t2 - t1 - verdict.draft_s   # the head's next proposal is not this round's
-            m = verdict.num_accepted
+            # Commit: every proposer sees the verdict, the policy and the metrics the round.
             for q in proposers.values():
                 q.observe(n, k if q is chosen else 0, verdict, n - target_len)
             committed += verdict.tokens
-            r = Round(k, m, draft_s, verify_s, None if verified_at is None else t0 - verified_at,
-                      n - target_len > 2, d.fed, d.failure, limit, choice.reason,
-                      choice.proposer, d.drafted, verdict.failure, max(verdict.batch_k, k),
-                      discarded, ahead)
-            target_len, verified_at = n + m, t2
+            # The verification's time less the in-target drafter's next proposal (not this
+            # round's); a head's draft time is that of the verification before.
+            r = Round(k=k, accepted=verdict.num_accepted,
+                      draft_s=t1 - t0 if d.draft_s is None else d.draft_s,
+                      verify_s=t2 - t1 - verdict.draft_s,
+                      other_s=None if verified_at is None else t0 - verified_at,
+                      prefill=n - target_len > 2, draft_fed=d.fed, failure=d.failure,
+                      limit=limit, reason=choice.reason, proposer=choice.proposer,
+                      drafted=d.drafted, in_target_failure=verdict.failure,
+                      batch_k=max(verdict.batch_k, k), discarded=discarded, ahead=ahead)
+            target_len, verified_at = n + r.accepted, t2
             _count(stats, r)
             policy.observe(r)
             if on_round is not None:
                 on_round(r)
+            # Emit what may be shown.
             out.extend(verdict.tokens)
             stats.num_output_tokens = len(out.tokens)
             new = out.take()
@@ -182,6 +188,12 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             return_exceptions=True))
         if later:
             await asyncio.wait(later, timeout=DRAFT_RELEASE_WAIT_S)
+
+
+def _room(req: Request, max_len: int, n: int, produced: int) -> int:
+    """The most a round may draft with n tokens committed, `produced` of them output: room for
+    the drafts and the target's own token in the slot (max_len) and in max_tokens."""
+    return max(0, min(req.num_draft_tokens, max_len - n, req.max_tokens - produced - 1))
 
 
 def _allowed(req: Request, policy: Policy | None, drafter, ngram,
