@@ -24,7 +24,7 @@ from .. import names
 from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
 from ..planner import Planner
-from ..records import Chunk, Finish
+from ..records import Chunk, Finish, Request, Stats
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .courier import Courier
@@ -95,87 +95,35 @@ class Orchestrator:
             self.courier.post(sender.send, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             await self.courier.settle()
             return
-        final_sent = False
-        finish = Finish.ERROR
-        stats = None
-        last_time = time.perf_counter()
-        first = True
+        g = _Generation(self, request, sender)
         try:
-            req, stream = parse_request(read_inputs(pb, request, INPUTS), self.settings, self.eos,
-                                        self.vocab_size)
+            g.req, g.stream = parse_request(read_inputs(pb, request, INPUTS), self.settings,
+                                            self.eos, self.vocab_size)
             try:
                 await asyncio.wait_for(self.slots.acquire(), self.settings.queue_timeout_s)
             except asyncio.TimeoutError:
                 raise Unavailable(f"all {self.settings.max_sequences} sequence slots stayed busy "
                                   f"for {self.settings.queue_timeout_s}s; retry later") from None
-            policy = open_policy(self.planner, req)
+            policy = open_policy(self.planner, g.req)
             self.metrics.set_active(self.planner.active)
-            gid = self._new_id()
-            self.running.add(gid)
+            g.gid = self._new_id()
+            self.running.add(g.gid)
             try:
-                shown: list[int] = []
-                pending: list[int] = []
-
-                def emit(chunk: Chunk) -> None:
-                    nonlocal final_sent, finish, stats, last_time, first
-                    now = time.perf_counter()
-                    if chunk.tokens:
-                        self.metrics.tokens(len(chunk.tokens), now - last_time, first)
-                        last_time, first = now, False
-                    finish, stats = chunk.finish_reason or finish, chunk.stats
-                    pending.extend(chunk.tokens)
-                    if stream or chunk.finish_reason:
-                        last = chunk.finish_reason is not None
-                        if last:  # a client reading the metrics after its answer sees its counts
-                            self.metrics.flush(estimates=False)   # finished() sends the rest
-                        # The response is built on the courier's thread too (its tensors
-                        # were half of what a streamed token cost the loop): from values
-                        # taken now, as the loop goes on changing shown and stats.
-                        ids, prefix = detokenize.window(shown, pending, self.special)
-                        st = chunk.stats
-                        counts = (len(req.prompt), st.num_output_tokens, st.total_draft_tokens,
-                                  st.total_accepted_draft_tokens, st.acceptance_rate,
-                                  st.ngram_draft_tokens, st.ngram_accepted_tokens)
-                        self.courier.post(self._send, sender, ids, prefix, last, counts,
-                                          chunk.finish_reason or "", gid)
-                        final_sent = last
-                        shown.extend(pending)
-                        pending.clear()
-
-                asked = [0.0]   # when request.is_cancelled() was last asked
-
-                def cancelled() -> bool:
-                    if gid in self.cancelled:
-                        return True
-                    now = time.monotonic()
-                    if now - asked[0] >= CANCEL_CHECK_S:
-                        asked[0] = now
-                        self.courier.post(self._ask, request, gid)
-                    return gid in self.cancelled   # at once where the courier is not threaded
-
-                await speculate(gid, req, self.drafter, self.verifier,
-                                self.settings.max_seq_len, emit, cancelled,
+                await speculate(g.gid, g.req, self.drafter, self.verifier,
+                                self.settings.max_seq_len, g.emit, g.cancelled,
                                 self.metrics.round, policy, self.settings.draft_timeout_s,
                                 self.ngram, self.settings.in_target)
             finally:
-                self.running.discard(gid)
-                self.cancelled.discard(gid)
+                self.running.discard(g.gid)
+                self.cancelled.discard(g.gid)
                 self.planner.close(policy)
                 self.metrics.set_active(self.planner.active)
                 self.slots.release()
         except Exception as exc:  # every failure becomes this request's error, never the model's
-            # Bad input and a full or restarting server are the client's to fix or retry.
-            finish = (Finish.INVALID if isinstance(exc, InvalidInput) else
-                      Finish.UNAVAILABLE if getattr(exc, "unavailable", False) else Finish.ERROR)
-            if not final_sent:
-                self.courier.post(sender.send, pb.InferenceResponse(
-                    output_tensors=[], error=triton_error(pb, exc)),
-                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                final_sent = True
+            g.fail(exc)
         finally:
-            if not final_sent:
-                self.courier.post(sender.send, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            self.metrics.finished(finish, stats, probe)
+            g.end()
+            self.metrics.finished(g.finish, g.stats, probe)
             await self.courier.settle()   # when handle returns, its responses have left
 
     def _new_id(self) -> int:
@@ -232,3 +180,77 @@ class Orchestrator:
         sender.send(pb.InferenceResponse(output_tensors=[pb.Tensor(n, v)
                                                          for n, v in tensors.items()]),
                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+
+
+class _Generation:
+    """One request's side of the conversation with its client while the loop drives it: the
+    tokens shown and held back, whether the final response has left, how it finished, when
+    the client's cancellation was last asked. emit and cancelled are the loop's callbacks."""
+
+    def __init__(self, orchestrator: "Orchestrator", request, sender):
+        self.o, self.request, self.sender = orchestrator, request, sender
+        self.req: Request | None = None   # parsed, once it is
+        self.stream = False
+        self.gid = 0                      # the generation's id, once admitted
+        self.shown: list[int] = []        # tokens sent
+        self.pending: list[int] = []      # emitted, not sent yet (a non-streamed request's all)
+        self.final_sent = False
+        self.finish = Finish.ERROR
+        self.stats: Stats | None = None
+        self.last_time, self.first = time.perf_counter(), True
+        self.asked = 0.0                  # when request.is_cancelled() was last asked
+
+    def emit(self, chunk: Chunk) -> None:
+        o = self.o
+        now = time.perf_counter()
+        if chunk.tokens:
+            o.metrics.tokens(len(chunk.tokens), now - self.last_time, self.first)
+            self.last_time, self.first = now, False
+        self.finish, self.stats = chunk.finish_reason or self.finish, chunk.stats
+        self.pending.extend(chunk.tokens)
+        if not (self.stream or chunk.finish_reason):
+            return
+        last = chunk.finish_reason is not None
+        if last:  # a client reading the metrics after its answer sees its counts
+            o.metrics.flush(estimates=False)   # finished() sends the rest
+        # The response is built on the courier's thread too (its tensors were half of what a
+        # streamed token cost the loop): from values taken now, as the loop goes on changing
+        # shown and stats.
+        ids, prefix = detokenize.window(self.shown, self.pending, o.special)
+        st = chunk.stats
+        counts = (len(self.req.prompt), st.num_output_tokens, st.total_draft_tokens,
+                  st.total_accepted_draft_tokens, st.acceptance_rate,
+                  st.ngram_draft_tokens, st.ngram_accepted_tokens)
+        o.courier.post(o._send, self.sender, ids, prefix, last, counts,
+                       chunk.finish_reason or "", self.gid)
+        self.final_sent = last
+        self.shown.extend(self.pending)
+        self.pending.clear()
+
+    def cancelled(self) -> bool:
+        o = self.o
+        if self.gid in o.cancelled:
+            return True
+        now = time.monotonic()
+        if now - self.asked >= CANCEL_CHECK_S:
+            self.asked = now
+            o.courier.post(o._ask, self.request, self.gid)
+        return self.gid in o.cancelled   # at once where the courier is not threaded
+
+    def fail(self, exc: Exception) -> None:
+        """Bad input and a full or restarting server are the client's to fix or retry."""
+        pb = self.o.pb
+        self.finish = (Finish.INVALID if isinstance(exc, InvalidInput) else
+                       Finish.UNAVAILABLE if getattr(exc, "unavailable", False) else
+                       Finish.ERROR)
+        if not self.final_sent:
+            self.o.courier.post(self.sender.send, pb.InferenceResponse(
+                output_tensors=[], error=triton_error(pb, exc)),
+                flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.final_sent = True
+
+    def end(self) -> None:
+        """Every request's responses end with the FINAL flag."""
+        if not self.final_sent:
+            self.o.courier.post(self.sender.send,
+                                flags=self.o.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
