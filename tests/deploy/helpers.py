@@ -175,3 +175,22 @@ def env_names_read_by_code(monkeypatch) -> set[str]:
     Limits.read()
     assert seen, "settings.py read no environment variable through os.environ: update this spy"
     return seen
+
+
+DASHBOARD = CHART / "dashboards" / "specdec.json"
+# A Prometheus metric name in a query: ours and Triton's own.
+METRIC = re.compile(r"\b((?:specdec|nv)_[a-z0-9_]+)\b")
+
+
+def dashboard_metrics(dashboard: dict) -> set[str]:
+    """Every metric name the dashboard's panels query."""
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"]
+              if isinstance(v.get("query"), dict)]
+    return {m for e in exprs for m in METRIC.findall(e)}
+
+
+def missing_metrics(wanted: set[str], exported: set[str]) -> set[str]:
+    """Of the names a dashboard queries, those not among the exported (a histogram's series
+    are named with their _bucket, _sum and _count)."""
+    return {m for m in wanted if m not in exported}
