@@ -1,4 +1,4 @@
-"""The server against transformers in alternation, on the CPU in float32 (issue 29's CPU goals):
+"""The server against transformers in alternation, on the CPU in float32 (the CPU goals):
 one server and one set of transformers models, then N pairs of runs a few seconds apart, each a
 served setting and transformers' own on the same prompts for the same token counts. On a shared
 2-core machine the served side of bench.py drifted by a fifth within half an hour while
@@ -10,7 +10,7 @@ of them is the figure's uncertainty.
 
 Per pair: served target-only against `generate`, served draft K against assisted generation
 (the order alternates pair to pair, so a drift favours neither side); then each ratio's median,
-range and how many pairs met issue 29's CPU goals (0.9x `generate`, 1.5x assisted). Every output
+range and how many pairs met the CPU goals (0.9x `generate`, 1.5x assisted). Every output
 is checked against the target's own: the served K run's text and transformers' decoded tokens
 equal the served target-only run's; a run where any differs exits 1.
 
@@ -37,7 +37,7 @@ from machine import git_state, load_snapshot, machine, versions
 from progress import log
 from server import Server, exit_on_sigterm
 
-GOALS = {"target-only": 0.9, "speculative": 1.5}   # served / transformers, issue 29 item 4
+GOALS = {"target-only": 0.9, "speculative": 1.5}   # served / transformers
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""What tensor parallelism costs a target (issue 30): at each degree, the one-token step, the
+"""What tensor parallelism costs a target: at each degree, the one-token step, the
 verification of K drafts (K + 1 tokens in one forward) and the share of each spent in the
 collectives (an all_reduce after attention and after the MLP of every layer, one after the
 embedding, an all_gather of the logits). Random weights at a preset's shape (make_random_pair.py,

@@ -2,7 +2,7 @@
 SPECDEC_TARGET_PLACEMENT=separate), in draft_model (`eagle_server`, SPECDEC_DRAFT_PLACEMENT=
 separate), and the target's engine with the draft in speculative_decoding's own process (the
 default, `server`): all exact, the same seeded samples, and a round one BLS call in the first,
-two in the second, none in the third, as the servers' own metrics count them (issue 29)."""
+two in the second, none in the third, as the servers' own metrics count them."""
 import subprocess
 import sys
 
