@@ -47,9 +47,9 @@ def modes(names: str) -> list[Mode]:
     return out
 
 
-def parser() -> argparse.ArgumentParser:
-    import simulated
-    ap = argparse.ArgumentParser(description=simulated.__doc__,
+def parser(description: str) -> argparse.ArgumentParser:
+    """simulated.py's arguments; description: its docstring (it imports this module)."""
+    ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=DEFAULT_TARGET)
     ap.add_argument("--draft", type=Path, default=DEFAULT_DRAFT)
@@ -104,8 +104,8 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse(argv=None) -> argparse.Namespace:
-    args = parser().parse_args(argv)
+def parse(argv=None, description: str = "") -> argparse.Namespace:
+    args = parser(description).parse_args(argv)
     if args.quick:
         args.prompts, args.max_tokens, args.streams, args.modes, args.warmup = 2, 16, "1,2", \
             "greedy", 1

@@ -90,7 +90,7 @@ def _spied(server) -> dict[str, int]:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
+    args = parse(argv, __doc__)
     exit_on_sigterm()
     # The run's simulated device: its lock file, shared by both sides' engines (docs/simulated.md)
     args.device_dir = Path(tempfile.mkdtemp(prefix="specdec-sim-device-"))
