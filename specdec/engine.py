@@ -7,16 +7,16 @@ call. Errors are per call (SlotError in that call's place); the other calls stil
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 
 import torch
 
-from . import attention, gpu_pointwise
+from . import attention, gpu_pointwise, memory
+from .batch import Batch
 from .cpu import (attention as cpu_attention, build as cpu_build, linear as cpu_linear,
                   pointwise as cpu_pointwise)
-from .config import CheckpointError, ModelArgs
+from .config import CheckpointError
 from .draft_steps import StepRows, draft_steps
 from .eagle.checkpoint import load_head
 from .eagle.drafting import HeadDrafter
@@ -24,9 +24,7 @@ from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
-from .batch import Batch
-from .model import Transformer, on_meta, vocab_rows
-from .parallel import Shard, layout, local_args
+from .model import Transformer
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities
 from .transfer import to_device
@@ -115,7 +113,7 @@ class Engine:
         """Load weights (and an EAGLE-3 head's, beside them) and allocate the slot pool; refuse
         loudly if the pool cannot fit. tp: this rank's parallel.Shard (its slices of the
         weights, its KV heads: the memory check is per rank)."""
-        _check_fits(path, max_sequences, max_len, dtype, device, tp)
+        memory.check_fits(path, max_sequences, max_len, dtype, device, tp)
         if tp is None:
             model = load_model(path, dtype, device)
         else:   # an EAGLE-3 head drafts on rank 0 alone (parallel_engine.Leader)
@@ -131,7 +129,7 @@ class Engine:
                                     a.head_dim, dtype)
         if head is not None:
             need += HeadDrafter.bytes_needed(head, max_sequences, max_len, dtype)
-        free = _free_memory(device)
+        free = memory.free_memory(device)
         if need > free:
             raise CheckpointError(
                 f"{path}: KV slot pool of {max_sequences} sequences x {max_len} tokens needs "
@@ -349,57 +347,3 @@ def _pack_for_cpu(model: Transformer, device: torch.device, dtype: torch.dtype,
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA; float32 on the CPU, whose bf16 kernels are slow at small batch."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def weight_bytes(args: ModelArgs, dtype: torch.dtype, tp: Shard | None = None) -> int:
-    """The bytes of a model's weights in `dtype` (a rank's: args its local_args, tp its Shard),
-    counted on the meta device: no memory."""
-    with on_meta():
-        model = Transformer(args, tp)
-    model.tie_weights()
-    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
-
-
-def _check_fits(path: str, max_sequences: int, max_len: int, dtype: torch.dtype,
-                device: torch.device, tp: Shard | None) -> None:
-    """Refuse, before any weight loads, weights and a KV pool that the device cannot hold (a
-    rank's own: its slices of the weights and its KV heads). A model that outgrew its GPU would
-    otherwise fail inside the load with CUDA's out-of-memory error."""
-    a = ModelArgs.from_dir(path)
-    if tp is not None:
-        a = local_args(a, layout(a, tp.rank, tp.world, f"{path}/config.json"))
-    weights = weight_bytes(a, dtype, tp)
-    if device.type == "cpu" and dtype in cpu_linear.DTYPES:   # the LM head packed beside it
-        weights += vocab_rows(a, tp) * a.hidden_size * dtype.itemsize
-    kv = KVCache.bytes_needed(a.num_layers, max_sequences, max_len, a.num_kv_heads, a.head_dim,
-                              dtype)
-    free = _free_memory(device)
-    if weights + kv > free:
-        rank = "" if tp is None else f" (rank {tp.rank} of {tp.world})"
-        raise CheckpointError(
-            f"{path}: weights of {weights / 2**30:.2f} GiB and a KV slot pool of {max_sequences} "
-            f"sequences x {max_len} tokens of {kv / 2**30:.2f} GiB{rank} need "
-            f"{(weights + kv) / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free on {device}: "
-            f"lower max_sequences or max_seq_len, or shard the target over more GPUs "
-            f"(SPECDEC_TENSOR_PARALLEL)")
-
-
-def _free_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return available_ram()
-
-
-def available_ram(meminfo: str = "/proc/meminfo") -> int:
-    """Bytes the kernel can give without swapping: MemAvailable, which counts the page cache it
-    can drop. MemFree (sysconf's free pages, the fallback off Linux) does not: after checkpoints
-    were written or read it fell to 0.26 GiB on a 24 GiB machine with 23 GiB available, and
-    refused a 0.56 GiB model (a CI failure of 2026-11-26)."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024   # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

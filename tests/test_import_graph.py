@@ -20,7 +20,7 @@ ENGINE = ("specdec.engine", "specdec.model", "specdec.attention", "specdec.batch
           "specdec.kv_cache", "specdec.weights", "specdec.graphs", "specdec.sampling",
           "specdec.verify", "specdec.transfer", "specdec.config", "specdec.invariant",
           "specdec.invariant_gemm", "specdec.invariant_attention", "specdec.triton_kernels",
-          "specdec.gpu_pointwise", "specdec.draft_steps", "specdec.cpu")
+          "specdec.gpu_pointwise", "specdec.draft_steps", "specdec.memory", "specdec.cpu")
 ABOVE_ENGINE = ("specdec.proposers", "specdec.ngram", "specdec.policy", "specdec.planner",
                 "specdec.estimates", "specdec.loop", "specdec.local", "specdec.serving",
                 "specdec.openai", "specdec.tune", "specdec.cli")

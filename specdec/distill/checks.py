@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelArgs
-from ..engine import _free_memory
+from ..memory import free_memory
 from ..kv_cache import KVCache
 
 WORK = ".distill"   # the run's data and checkpoints, inside --out until the run completes
@@ -95,7 +95,7 @@ def memory_needed(t: ModelArgs, d: ModelArgs, train_embeddings: bool, rows: int,
 
 
 def memory(parts: dict[str, int], device: torch.device, rows: int, seq_len: int) -> None:
-    need, free = sum(parts.values()), _free_memory(device)
+    need, free = sum(parts.values()), free_memory(device)
     if need > free:
         detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items())
         raise DistillError(f"--batch {rows} x --seq-len {seq_len} needs about "

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..config import CheckpointError
-from ..engine import Engine, _free_memory
+from ..engine import Engine
+from ..memory import free_memory
 from ..in_target import ColocatedDraft
 from ..medusa.checkpoint import load_medusa
 from ..medusa.drafting import MedusaDrafter
@@ -69,7 +70,7 @@ def _attach_self(engine: Engine, s: EngineSettings, text: str, device: torch.dev
         view = SkipView(engine.model, parse_skip(text, n, name))
     except ValueError as e:
         raise SettingsError(str(e)) from None
-    need, free = view.kv_bytes(s.max_sequences, s.max_seq_len, dtype), _free_memory(device)
+    need, free = view.kv_bytes(s.max_sequences, s.max_seq_len, dtype), free_memory(device)
     if need > free:
         raise SettingsError(f"{name}: its KV slot pool of {len(view.kept)} layers x "
                             f"{s.max_sequences} sequences x {s.max_seq_len} tokens needs "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import engine as engine_module
+from specdec import engine as engine_module, memory
 from specdec.config import CheckpointError, ModelArgs
 from specdec.kv_cache import KVCache
 from specdec.parallel import Shard, layout, local_args
@@ -86,9 +86,9 @@ def param_bytes(model) -> int:
 def test_weight_bytes_are_what_a_rank_holds(checkpoints):
     target, _ = checkpoints
     args = ModelArgs.from_dir(target)
-    whole = engine_module.weight_bytes(args, torch.float32)
+    whole = memory.weight_bytes(args, torch.float32)
     assert whole == param_bytes(load_model(target, torch.float32, torch.device("cpu")))
-    per_rank = [engine_module.weight_bytes(local_args(args, layout(args, r, 2)), torch.bfloat16,
+    per_rank = [memory.weight_bytes(local_args(args, layout(args, r, 2)), torch.bfloat16,
                                            Shard(r, 2)) for r in range(2)]
     # every sharded matrix halves; norms stay whole: a rank holds a little over half
     assert per_rank[0] == per_rank[1]
@@ -100,9 +100,9 @@ def test_the_load_refuses_weights_and_kv_that_do_not_fit(checkpoints, monkeypatc
     args = ModelArgs.from_dir(target)
     kv = KVCache.bytes_needed(args.num_layers, 4, 64, args.num_kv_heads, args.head_dim,
                               torch.float32)
-    weights = engine_module.weight_bytes(args, torch.float32)
+    weights = memory.weight_bytes(args, torch.float32)
     # room for the KV pool but not for the weights beside it: refused before any weight loads
-    monkeypatch.setattr(engine_module, "_free_memory", lambda device: kv + weights // 2)
+    monkeypatch.setattr(memory, "free_memory", lambda device: kv + weights // 2)
     monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(CheckpointError, match="weights .* GiB and a KV slot pool"):
         engine_module.Engine.load(target, 4, 64, torch.float32, torch.device("cpu"))
@@ -114,5 +114,5 @@ def test_ram_available_counts_the_page_cache(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24683520 kB\nMemFree:          272384 kB\n"
                        "MemAvailable:   24100000 kB\nBuffers:            1024 kB\n")
-    assert engine_module.available_ram(str(meminfo)) == 24100000 * 1024
-    assert engine_module.available_ram(str(tmp_path / "absent")) > 0   # sysconf's free pages
+    assert memory.available_ram(str(meminfo)) == 24100000 * 1024
+    assert memory.available_ram(str(tmp_path / "absent")) > 0   # sysconf's free pages
