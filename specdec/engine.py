@@ -229,19 +229,18 @@ class Engine:
             accepted_t, nxt_t = verify_drafts(probabilities(logits, s), q, drafts, num_drafts, s,
                                               first)
         accepted, nxt = accepted_t.tolist(), nxt_t.tolist()                # the one sync
+        tokens = [c.drafts[:m] + [t] for c, m, t in zip(cs, accepted, nxt)]
         followers = [d for d in self.drafters.values() if d.follows_commits]
-        for b, (i, c) in enumerate(zip(good, cs)):
-            m = accepted[b]
+        for c, m, new in zip(cs, accepted, tokens):
             self.pool.set_length(c.seq_id, c.start + len(c.tokens) + m)
-            results[i] = Verdict(c.drafts[:m] + [nxt[b]], m, batch_k=k_max)
-            if followers:
-                committed = c.tokens + results[i].tokens
-                for drafter in followers:
-                    drafter.committed(c.seq_id, c.start, committed)
+            for drafter in followers:   # before any drafts: they draft from what is committed
+                drafter.committed(c.seq_id, c.start, c.tokens + new)
+        ahead: dict[int, dict] = {}
         if self.drafters:
             scored = hidden[torch.arange(len(cs), device=self.device), accepted_t]    # [B, D]
-            self._draft_next(cs, [results[i] for i in good], scored, features, batch, slots,
-                             nxt_t)
+            ahead = self._draft_next(cs, accepted, scored, features, batch, slots, nxt_t)
+        for b, (i, m, new) in enumerate(zip(good, accepted, tokens)):
+            results[i] = Verdict(new, m, batch_k=k_max, **ahead.get(b, {}))
         return results
 
     def _draft_probs(self, cs: list[VerifyCall], drafts: torch.Tensor,
@@ -274,23 +273,27 @@ class Engine:
             return replace(c, drafts=[], draft_probs=None)
         return replace(c, draft_probs=q[: len(c.drafts)])
 
-    def _draft_next(self, cs: list[VerifyCall], verdicts: list[Verdict], scored: torch.Tensor,
+    def _draft_next(self, cs: list[VerifyCall], accepted: list[int], scored: torch.Tensor,
                     features: torch.Tensor | None, batch: Batch, slots: list[int],
-                    nxt: torch.Tensor) -> None:
-        """Each in-target drafter's next proposal for the rows that ask it. A failure costs the
-        proposal, never the verdict: the round's tokens stand."""
+                    nxt: torch.Tensor) -> dict[int, dict]:
+        """Each in-target drafter's next proposal for the rows that ask it: row -> its verdict's
+        proposal fields. A failure costs the proposal, never the verdict: the round's tokens
+        stand."""
+        out: dict[int, dict] = {}
         for kind, drafter in self.drafters.items():
             rows = [b for b, c in enumerate(cs) if c.next_k is not None and c.next_by == kind]
             if rows:
-                self._draft_with(drafter, rows, cs, verdicts, scored, features, batch, slots, nxt)
+                out.update(self._draft_with(drafter, rows, cs, accepted, scored, features,
+                                            batch, slots, nxt))
+        return out
 
     def _draft_with(self, drafter: InTargetDrafter, rows: list[int], cs: list[VerifyCall],
-                    verdicts: list[Verdict], scored: torch.Tensor, features: torch.Tensor | None,
-                    batch: Batch, slots: list[int], nxt: torch.Tensor) -> None:
+                    accepted: list[int], scored: torch.Tensor, features: torch.Tensor | None,
+                    batch: Batch, slots: list[int], nxt: torch.Tensor) -> dict[int, dict]:
         t0 = time.perf_counter()
         sub = [cs[b] for b in rows]
         idx = torch.tensor(rows, device=self.device)
-        ends = [c.start + len(c.tokens) + verdicts[b].num_accepted for b, c in zip(rows, sub)]
+        ends = [c.start + len(c.tokens) + accepted[b] for b, c in zip(rows, sub)]
         # Never past the slot: the loop's next limit is below max_len - (end + 1) anyway.
         ks = [max(0, min(c.next_k, self.max_len - e - 1)) for c, e in zip(sub, ends)]
         fed = max((drafter.behind(c.seq_id) for c, k in zip(sub, ks) if k), default=0)
@@ -308,13 +311,14 @@ class Engine:
         except Exception:   # a drafter is an accelerator: this round drafts nothing
             proposals, q, failure = [[] for _ in sub], None, Failure.ERROR
         seconds = time.perf_counter() - t0
+        out = {}
         for j, (b, c, tokens) in enumerate(zip(rows, sub, proposals)):
-            v = verdicts[b]
-            v.proposal, v.draft_s, v.failure, v.steps = tokens, seconds, failure, max(ks)
-            v.fed = fed
+            out[b] = dict(proposal=tokens, draft_s=seconds, failure=failure, steps=max(ks),
+                          fed=fed)
             row_q = None if q is None else q[j]
             if row_q is not None and tokens and not c.sampling.greedy:
                 self.q[c.seq_id] = row_q[: len(tokens)]
+        return out
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
