@@ -344,7 +344,7 @@ def _pack_for_cpu(model: Transformer, device: torch.device, dtype: torch.dtype,
     a = model.args
     model.cpu_attention = cpu_attention.usable(a.num_heads, a.num_kv_heads, a.head_dim, dtype)
     if isinstance(model, Transformer):   # swift's SkipView shares the target's modules
-        cpu_pointwise.attach(model)
+        model.fuse_pointwise(cpu_pointwise)
     return cpu_linear.pack_model(model) > 0
 
 

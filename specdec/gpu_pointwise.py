@@ -63,13 +63,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def reference_rmsnorm(x, weight, eps, gemma, add=None):
-    """model.RMSNorm's arithmetic in PyTorch's operators: what `probe` and the tests hold the
-    kernel to."""
+    """(x + add, its RMSNorm) in PyTorch's operators (model.rms_norm): what `probe` and the
+    tests hold the kernel to."""
+    from .model import rms_norm
     total = x if add is None else x + add
-    h = total.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    out = (h * (1.0 + weight.float())).to(x.dtype) if gemma else weight * h.to(x.dtype)
-    return total, out
+    return total, rms_norm(total, weight, eps, gemma)
 
 
 def probe(device: torch.device, dtype: torch.dtype, width: int, inner: int) -> str | None:
@@ -112,7 +110,6 @@ def probe(device: torch.device, dtype: torch.dtype, width: int, inner: int) -> s
 def attach(model) -> str | None:
     """Turn on the fused norms and MLP of `model` (a Transformer, on CUDA) where `probe` passes;
     returns why not where it does not (logged), None where they are on."""
-    from .model import MLP, RMSNorm
     a = model.args
     weight = model.model.norm.weight
     reason = probe(weight.device, weight.dtype, a.hidden_size, a.intermediate_size)
@@ -120,10 +117,5 @@ def attach(model) -> str | None:
         log.warning("fused pointwise kernels off, PyTorch's operators serve: %s", reason)
         return reason
     import sys
-    this = sys.modules[__name__]
-    for m in model.modules():
-        if isinstance(m, RMSNorm) and m.weight.shape[0] <= MAX_WIDTH:
-            m.fused = this
-        elif isinstance(m, MLP) and not m.gelu:
-            m.fused = this
+    model.fuse_pointwise(sys.modules[__name__])
     return None

@@ -166,11 +166,17 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None:
             return self.fused.rmsnorm(x, self.weight, self.eps, self.gemma)[1]
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.gemma:
-            return (h * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, self.gemma)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+    """RMSNorm in PyTorch's operators, statistics in float32: Llama's w times the normalized x
+    cast back, or Gemma's x (1 + w) cast once. What the fused kernels are held to."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if gemma:
+        return (h * (1.0 + weight.float())).to(x.dtype)
+    return weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -311,6 +317,16 @@ class Transformer(nn.Module):
         # an EAGLE-3 head's features (eagle/). Set by the engine that serves the head.
         self.capture: tuple[int, ...] = ()
         self.invariant = False   # make_batch_invariant
+
+    def fuse_pointwise(self, backend) -> None:
+        """Each norm and SiLU x up that `backend` (cpu/pointwise.py, gpu_pointwise.py: rmsnorm,
+        silu_mul, DTYPES, MAX_WIDTH) can compute goes through its one kernel call."""
+        for m in self.modules():
+            if isinstance(m, RMSNorm) and m.weight.dtype in backend.DTYPES \
+                    and m.weight.shape[0] <= backend.MAX_WIDTH:
+                m.fused = backend
+            elif isinstance(m, MLP) and not m.gelu:
+                m.fused = backend
 
     def make_batch_invariant(self) -> None:
         """Score every token with the same arithmetic whatever its forward holds (invariant.py):

@@ -14,7 +14,7 @@ so the exact mode (specdec/invariant.py) costs nothing extra on the CPU:
   cache and loaded with ctypes, checked at load; where it cannot be, the engine keeps PyTorch's
   operators and says why.
 
-Imports nothing from the rest of specdec but model's modules (linear.pack_model,
-pointwise.attach); the engine packs the model at load, and model.py's modules and attention.attend
+Imports nothing from the rest of specdec: the engine packs the model at load (linear.pack_model)
+and hands pointwise.py to Transformer.fuse_pointwise; model.py's modules and attention.attend
 call in.
 """

@@ -78,17 +78,3 @@ def check(lib: ctypes.CDLL) -> None:
         if not torch.allclose(silu_mul(gate_up).float(), torch.nn.functional.silu(gate) * up,
                               rtol=tol * 4, atol=tol * 4):
             raise RuntimeError(f"the built SiLU kernel computes wrongly in {dtype} here")
-
-
-def attach(model) -> None:
-    """Turn on the fused norms and MLP of `model` (a Transformer) where its dtype allows."""
-    import sys
-
-    from ..model import MLP, RMSNorm
-    this = sys.modules[__name__]
-    for m in model.modules():
-        if isinstance(m, RMSNorm) and m.weight.dtype in DTYPES \
-                and m.weight.shape[0] <= MAX_WIDTH:
-            m.fused = this
-        elif isinstance(m, MLP) and not m.gelu:
-            m.fused = this
