@@ -35,21 +35,19 @@ import torch
 from inputs import DEFAULT_DRAFT, DEFAULT_TARGET, ROOT
 from machine import git_state, machine
 
-sys.path.insert(0, str(ROOT))
-
-from specdec import invariant_attention, invariant_gemm  # noqa: E402
-from specdec.eagle.checkpoint import load_head  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.medusa.config import MedusaArgs  # noqa: E402
-from specdec.medusa.drafting import MedusaDrafter  # noqa: E402
-from specdec.medusa.head import MedusaHead  # noqa: E402
-from specdec.records import Proposer, ProposeCall, VerifyCall  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
-from specdec.serving.drafters import attach  # noqa: E402
-from specdec.serving.engine_settings import EngineSettings  # noqa: E402
-from specdec.serving.settings import NO_DRAFT, InTargetSettings  # noqa: E402
-from specdec.swift import parse_skip  # noqa: E402
-from specdec.weights import load_model  # noqa: E402
+from specdec import invariant_attention, invariant_gemm
+from specdec.eagle.checkpoint import load_head
+from specdec.engine import Engine
+from specdec.medusa.config import MedusaArgs
+from specdec.medusa.drafting import MedusaDrafter
+from specdec.medusa.head import MedusaHead
+from specdec.records import Proposer, ProposeCall, VerifyCall
+from specdec.sampling import SamplingParams
+from specdec.serving.drafters import attach
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import NO_DRAFT, InTargetSettings
+from specdec.swift import parse_skip
+from specdec.weights import load_model
 
 GREEDY = SamplingParams()
 DEFAULT_HEAD = ROOT / "models" / "default" / "eagle"

@@ -23,13 +23,11 @@ from pathlib import Path
 
 import torch
 
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, prompt_ids
+from inputs import DEFAULT_PROMPTS, add_pair_arguments, prompt_ids
 
-sys.path.insert(0, str(ROOT))
-
-from specdec.engine import Engine  # noqa: E402
-from specdec.records import ProposeCall, VerifyCall  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.engine import Engine
+from specdec.records import ProposeCall, VerifyCall
+from specdec.sampling import SamplingParams
 
 
 def record(target: Engine, draft: Engine, prompt: list[int], n: int, max_k: int):

@@ -20,25 +20,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specdec.config import ModelArgs
+from specdec.engine import Engine
+from specdec.local import LocalDrafter, LocalVerifier
+from specdec.loop import open_policy, speculate
+from specdec.ngram import NgramProposer
+from specdec.planner import Planner
+from specdec.records import IN_TARGET, Proposer, Request
+from specdec.serving.drafters import attach
+from specdec.serving.engine_settings import EngineSettings
+from specdec.serving.settings import InTargetSettings
 
-from specdec.config import ModelArgs  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
-from specdec.loop import open_policy, speculate  # noqa: E402
-from specdec.ngram import NgramProposer  # noqa: E402
-from specdec.planner import Planner  # noqa: E402
-from specdec.records import IN_TARGET, Proposer, Request  # noqa: E402
-from specdec.serving.drafters import attach  # noqa: E402
-from specdec.serving.engine_settings import EngineSettings  # noqa: E402
-from specdec.serving.settings import InTargetSettings  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT = ROOT / "models" / "default"
 

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from exactness import prompts
 
-from exactness import prompts  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.records import VerifyCall  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.engine import Engine
+from specdec.records import VerifyCall
+from specdec.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GREEDY = SamplingParams()
 

@@ -18,19 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specdec import invariant, invariant_attention, invariant_gemm
+from specdec.config import ModelArgs
+from specdec.model import RMSNorm
 
-from specdec import invariant, invariant_attention, invariant_gemm  # noqa: E402
-from specdec.config import ModelArgs  # noqa: E402
-from specdec.model import RMSNorm  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # (in, out) of Llama-3.1-8B's linear layers: q/o, k/v, gate/up, down, lm_head.
 SHAPES_8B = [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 128256)]

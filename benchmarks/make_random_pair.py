@@ -276,7 +276,6 @@ def write_model(out: Path, cfg: dict, tokenizer_from: Path, seed: int, shard_byt
 def write_head(out: Path, target: Path, seed: int) -> int:
     """A random-weight EAGLE-3 head for the checkpoint in `target`, as `specdec distill --method
     eagle3` shapes one by default (its draft vocabulary: the first ids). Returns its bytes."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from specdec.config import ModelArgs
     from specdec.distill.eagle3 import default_draft_vocab, head_layer_args, initialised_head
     from specdec.eagle.checkpoint import save_speculators

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from inputs import DEFAULT_PROMPTS, ROOT, add_pair_arguments, prompt_ids
+from inputs import DEFAULT_PROMPTS, add_pair_arguments, prompt_ids
 
-sys.path.insert(0, str(ROOT))
-
-from specdec.config import ModelArgs  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.local import LocalDrafter, LocalVerifier  # noqa: E402
-from specdec.loop import speculate  # noqa: E402
-from specdec.records import Request  # noqa: E402
+from specdec.config import ModelArgs
+from specdec.engine import Engine
+from specdec.local import LocalDrafter, LocalVerifier
+from specdec.loop import speculate
+from specdec.records import Request
 
 
 def main(argv=None) -> int:

@@ -172,7 +172,6 @@ def from_costs(path: Path, prefill: list[float], run: str | None) -> dict:
 
 
 def write(table: dict, out: Path) -> None:
-    sys.path.insert(0, str(HERE.parent))
     from specdec.simulate import parse_table
     parse_table(table, str(out))           # never write a table the loader refuses
     out.parent.mkdir(parents=True, exist_ok=True)

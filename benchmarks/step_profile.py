@@ -30,16 +30,14 @@ from pathlib import Path
 
 import torch
 
-from inputs import DEFAULT_TARGET, ROOT
+from inputs import DEFAULT_TARGET
 from machine import git_state, machine
 
-sys.path.insert(0, str(ROOT))
-
-from specdec import attention, engine as engine_module, model  # noqa: E402
-from specdec.cpu import build  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.kv_cache import KVCache  # noqa: E402
-from specdec.records import SamplingParams, VerifyCall  # noqa: E402
+from specdec import attention, engine as engine_module, model
+from specdec.cpu import build
+from specdec.engine import Engine
+from specdec.kv_cache import KVCache
+from specdec.records import SamplingParams, VerifyCall
 
 KINDS = ("GEMM", "attention", "KV write", "norm", "rotary", "elementwise", "casts/copies",
          "sampling", "other")

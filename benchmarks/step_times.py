@@ -19,13 +19,11 @@ import time
 
 import torch
 
-from inputs import ROOT, add_pair_arguments
+from inputs import add_pair_arguments
 
-sys.path.insert(0, str(ROOT))
-
-from specdec.engine import Engine  # noqa: E402
-from specdec.records import ProposeCall, VerifyCall  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.engine import Engine
+from specdec.records import ProposeCall, VerifyCall
+from specdec.sampling import SamplingParams
 
 
 def main(argv=None) -> int:

@@ -1,20 +1,17 @@
 """The benchmarks' arithmetic and markdown, no server (part of `make test`)."""
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import bench  # noqa: E402
-import draft_schedules  # noqa: E402
-import figures  # noqa: E402
-import make_random_pair  # noqa: E402
-import report  # noqa: E402
-import server  # noqa: E402
-import triton_runs  # noqa: E402
+import bench
+import draft_schedules
+import figures
+import make_random_pair
+import report
+import server
+import triton_runs
 
 
 def test_percentile_matches_numpy_linear():

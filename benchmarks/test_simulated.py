@@ -1,16 +1,12 @@
 """benchmarks/simulated.py's plan, arguments and report, and sim_tables.py's derivation; no
 server, no timing (part of `make test`)."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import sim_plan  # noqa: E402
-import sim_report  # noqa: E402
-import sim_tables  # noqa: E402
+import sim_plan
+import sim_report
+import sim_tables
 
 
 def test_default_plan():

@@ -1,12 +1,8 @@
 """The workloads' construction and the proposer benchmark's settings (part of `make test`)."""
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import proposers  # noqa: E402
-import workloads  # noqa: E402
+import proposers
+import workloads
 
 SOURCE = '''class A:
     def area(self, w, h):

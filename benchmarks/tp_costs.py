@@ -32,17 +32,14 @@ import torch
 import torch.multiprocessing as mp
 
 from costs import Rows, Timer, _ints
-from inputs import ROOT
 from machine import git_state, machine
 from make_random_pair import PRESETS, scaled
 
-sys.path.insert(0, str(ROOT))
-
-from specdec import parallel  # noqa: E402
-from specdec.config import ModelArgs  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.kv_cache import KVCache  # noqa: E402
-from specdec.model import Transformer, rope_table  # noqa: E402
+from specdec import parallel
+from specdec.config import ModelArgs
+from specdec.engine import Engine
+from specdec.kv_cache import KVCache
+from specdec.model import Transformer, rope_table
 
 
 def model_args(args) -> ModelArgs:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import json
 import random
 import sys
@@ -62,9 +63,17 @@ def repeat_prompt(source: str, kind: str) -> str:
     return f"{source}\n\n\n{again.rstrip()}"
 
 
+def load_stdlib() -> tuple[list, list]:
+    """scripts/make_default_models.py's (train, held-out) split of the standard library: a
+    script, not an installed module, so loaded from its file."""
+    spec = importlib.util.spec_from_file_location(
+        "make_default_models", ROOT / "scripts" / "make_default_models.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.load_stdlib()
+
+
 def repeating(tokenizer, seed: int, n: int) -> list[dict]:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from make_default_models import load_stdlib
     _, heldout = load_stdlib()
     fits = [(where, src) for where, src in functions(heldout)
             if MIN_TOKENS <= len(tokenizer(src)["input_ids"]) <= MAX_TOKENS]
