@@ -39,7 +39,7 @@
 # that passes the tool's 64 MiB only if the default models' weights (18 MB, unused there) stay
 # behind: `git rm --cached -q models/default/*/model.safetensors`, the same paths in
 # .git/info/exclude for the call, then `git reset -q models/default` and the lines removed.
-# py-spy (PYSPY=1, 1.8 MB) fits beside it only with benchmarks/results/ (8 MB) left behind
+# py-spy (PYSPY=1, 1.8 MB) fits beside it; should it not, leave benchmarks/results/ behind
 # too: `git rm -r --cached -q benchmarks/results` (ignored already), `git reset -q` after.
 set -uo pipefail
 part=${1:-costs}

@@ -69,7 +69,7 @@ def test_speculative_greedy_equals_transformers_generate(tmp_path, variant):
     # LongRoPE past original_max_position_embeddings: Phi-3's `generate` throws its cache away
     # when a sequence first passes that length and encodes the whole sequence again with the
     # long factors; its model, like ours, keeps each position's keys as they were computed
-    # (README, "Model families"). The two agree until then.
+    # (docs/configuration.md, "Model families"). The two agree until then.
     want = hf_greedy(target, torch.float64, prompts(), MAX_TOKENS,
                      step_by_step=variant == "phi3_longrope")
     t, d = engines(pair, max_len=128)
