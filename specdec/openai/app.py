@@ -3,20 +3,23 @@
 A streamed answer's HTTP status is decided before its first byte: the first response from the
 server is awaited first, so a refusal or a full server is a 400 or a 503, not an error inside
 a 200 stream. A client that goes away cancels its generation: a stream's generator is cancelled
-by the server, a non-streamed request is watched for the disconnect while it runs.
+by the server, a non-streamed request is watched for the disconnect while it runs. `n` choices
+are n requests to the server at once, each its own sequence there; their chunks interleave as
+they come.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from . import protocol
+from . import protocol, tools
 from .limits import Limits
 from .protocol import ApiError, Generation
 from .triton import SpecDecoding, TritonError, api_error
@@ -29,6 +32,8 @@ def create_app(server: SpecDecoding, tokenizer, served: str,
     app = FastAPI(title="triton-specdec OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None)
     created = int(time.time())
+    gateway = replace(limits.gateway,
+                      tool_parser=tools.choose(limits.gateway.tool_parser, tokenizer))
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, e: ApiError) -> JSONResponse:
@@ -53,12 +58,12 @@ def create_app(server: SpecDecoding, tokenizer, served: str,
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await _serve(request, server, protocol.parse_chat(
-            await _body(request), served, tokenizer, limits.server))
+            await _body(request), served, tokenizer, limits.server, gateway))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _serve(request, server, protocol.parse_completion(
-            await _body(request), served, limits.server))
+            await _body(request), served, limits.server, gateway))
 
     @app.get("/health")
     async def health() -> Response:
@@ -89,64 +94,146 @@ async def _serve(request: Request, server: SpecDecoding, gen: Generation) -> Res
     rid = protocol.new_id(gen.chat)
     if gen.stream:
         return await _stream(server, gen, rid)
-    task = asyncio.ensure_future(server.collect(gen))
+    tasks = [asyncio.ensure_future(server.collect(gen, p)) for p in gen.choice_params()]
     try:
-        while not task.done():   # a client that leaves cancels its generation
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
+        while True:   # a client that leaves cancels its generations
+            done, pending = await asyncio.wait(tasks, timeout=DISCONNECT_POLL_S,
+                                               return_when=asyncio.FIRST_EXCEPTION)
+            errors = [t.exception() for t in done if t.exception() is not None]
+            if errors:   # one choice failed: the answer is its error, the others stop
+                raise errors[0]
+            if not pending:
+                break
+            if await request.is_disconnected():
                 return Response(status_code=499)
-        collector = task.result()
+        results = [t.result().result(streamed=False) for t in tasks]
     except TritonError as e:
         raise api_error(e, gen) from None
     finally:
-        if not task.done():
-            task.cancel()
-    return JSONResponse(protocol.response(gen, rid, collector.result(streamed=False)))
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+    return JSONResponse(protocol.response(gen, rid, results))
+
+
+async def _first(responses: AsyncIterator[dict]) -> dict | None:
+    try:
+        return await responses.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 async def _stream(server: SpecDecoding, gen: Generation, rid: str) -> Response:
-    responses = server.generate(gen.prompt, gen.params, True)
+    streams = [server.generate(gen.prompt, p, True, gen.keep_ids) for p in gen.choice_params()]
+    tasks = [asyncio.ensure_future(_first(s)) for s in streams]
     try:
-        first = await responses.__anext__()
-    except StopAsyncIteration:
-        first = None
-    except TritonError as e:
-        raise api_error(e, gen) from None
-    return StreamingResponse(_events(gen, rid, first, responses), media_type="text/event-stream",
+        firsts = await asyncio.gather(*tasks)
+    except BaseException as e:   # one choice refused: the others stop, the answer is its error
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in streams:
+            await s.aclose()
+        if isinstance(e, TritonError):
+            raise api_error(e, gen) from None
+        raise
+    return StreamingResponse(_events(gen, rid, firsts, streams), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store"})
 
 
-async def _events(gen: Generation, rid: str, first: dict | None,
-                  responses: AsyncIterator[dict]) -> AsyncIterator[str]:
-    """SSE: a chunk per piece of text, the finish chunk, the usage chunk if asked, [DONE]."""
+async def _merged(firsts: list[dict | None], streams: list[AsyncIterator[dict]]
+                  ) -> AsyncIterator[tuple[int, dict | None]]:
+    """Each choice's responses as they come, (i, outputs), and (i, None) at its end. Closing
+    it cancels the gRPC streams that did not end (client gone)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        try:
+            if firsts[i] is not None:
+                queue.put_nowait((i, firsts[i]))
+                async for outputs in streams[i]:
+                    queue.put_nowait((i, outputs))
+            queue.put_nowait((i, None))
+        except Exception as e:   # raised where the chunks are made
+            queue.put_nowait((i, e))
+
+    tasks = []
+    try:
+        if len(streams) == 1:   # one choice: read in place, no task between
+            if firsts[0] is not None:
+                yield 0, firsts[0]
+                async for outputs in streams[0]:
+                    yield 0, outputs
+            yield 0, None
+            return
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(streams))]
+        left = len(streams)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            left -= item is None
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in streams:
+            await s.aclose()
+
+
+async def _events(gen: Generation, rid: str, firsts: list[dict | None],
+                  streams: list[AsyncIterator[dict]]) -> AsyncIterator[str]:
+    """SSE: a chunk per piece of text (or tool call) of each choice, each choice's finish chunk,
+    the usage chunk if asked, [DONE]."""
     from specdec_client.stream import Collector
     created = int(time.time())
-    collector = Collector()
+    collectors = [Collector() for _ in streams]
+    readers = [tools.Stream(gen.tool_parser) if gen.tool_parser else None for _ in streams]
+    calls = [0] * len(streams)
+    results = [None] * len(streams)
     if gen.chat:
-        yield _sse(protocol.chunk(gen, rid, created, None, first=True))
+        for i in range(len(streams)):
+            yield _sse(protocol.chunk(gen, rid, created, None, first=True, index=i))
+    merged = _merged(firsts, streams)
     try:
-        pending = [first] if first is not None else []
-        while True:
-            outputs = pending.pop() if pending else await responses.__anext__()
-            piece = collector.add(outputs)
-            if piece:
-                yield _sse(protocol.chunk(gen, rid, created, piece))
-    except StopAsyncIteration:
-        pass
+        async for i, outputs in merged:
+            if outputs is not None:
+                piece = collectors[i].add(outputs)
+                if piece:
+                    for event in _choice(gen, rid, created, i, readers[i].feed(piece)
+                                         if readers[i] else [piece], calls):
+                        yield event
+                continue
+            if readers[i]:
+                for event in _choice(gen, rid, created, i, readers[i].close(), calls):
+                    yield event
+            result = results[i] = collectors[i].result(streamed=True)
+            finish = "tool_calls" if calls[i] else protocol.finish_reason(result)
+            end = protocol.chunk(gen, rid, created, None, finish=finish, index=i)
+            end["specdec"] = protocol.speculation(result)
+            yield _sse(end)
     except TritonError as e:   # after the first byte, the error goes in the stream
         yield _sse(api_error(e, gen).body())
         yield "data: [DONE]\n\n"
         return
     finally:
-        await responses.aclose()   # cancels the gRPC stream if it did not end (client gone)
-    result = collector.result(streamed=True)
-    end = protocol.chunk(gen, rid, created, None, finish=protocol.finish_reason(result))
-    end["specdec"] = protocol.speculation(result)
-    yield _sse(end)
+        await merged.aclose()
     if gen.include_usage:
-        yield _sse(protocol.usage_chunk(gen, rid, created, result))
+        yield _sse(protocol.usage_chunk(gen, rid, created, results))
     yield "data: [DONE]\n\n"
+
+
+def _choice(gen: Generation, rid: str, created: int, i: int, events: list,
+            calls: list[int]) -> Iterator[str]:
+    """Choice i's chunks: its pieces of content, and each call as OpenAI streams one."""
+    for event in events:
+        if isinstance(event, str):
+            yield _sse(protocol.chunk(gen, rid, created, event, index=i))
+            continue
+        for delta in protocol.call_deltas(gen, calls[i], event):
+            yield _sse(protocol.chunk(gen, rid, created, None, index=i, tool_calls=delta))
+        calls[i] += 1
 
 
 def _sse(obj: dict) -> str:

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.tokenizer import load_tokenizer
     from .app import create_app
     from .limits import Limits
+    from .tools import choose
     from .triton import SpecDecoding
 
     limits, grace = Limits.read(), grace_s()   # the server's SPECDEC_* settings, as it reads them
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                      tokenizer, served, limits)
     print(f"specdec openai: http://{args.host}:{args.port}/v1 serving '{served}' (Triton "
           f"{args.grpc_url}, model {args.triton_model}; chat template: "
-          f"{'yes' if getattr(tokenizer, 'chat_template', None) else 'none'})", flush=True)
+          f"{'yes' if getattr(tokenizer, 'chat_template', None) else 'none'}; tool calls read "
+          f"as: {choose(limits.gateway.tool_parser, tokenizer)})", flush=True)
     # After SIGTERM uvicorn closes the port (new requests are refused) and lets the requests
     # under way finish for the server's own grace period, then cancels what is left.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -1,8 +1,10 @@
 """OpenAI request bodies in, OpenAI responses and stream chunks out.
 
 A body is checked field by field: what is implemented becomes the ensemble's GenerationParams,
-what is not (n > 1, logprobs, tools, response formats, penalties, ...) is a 400 naming the
-parameter, and so is a field OpenAI's API does not define. The speculative extras
+what is not (logprobs, tool_choice required, response formats, penalties, ...) is a 400 naming
+the parameter, and so is a field OpenAI's API does not define. `n` choices are n requests to the
+orchestrator, one response; tools go to the chat template, and calls are read out of the text
+(tools.py). The speculative extras
 (`num_draft_tokens`, `proposer`, and `top_k`) come as top-level fields, which is where the
 openai SDK's `extra_body` puts them.
 """
@@ -10,13 +12,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_client import GenerationParams, Result
 
 from ..records import Finish
 from ..serving.settings import OrchestratorSettings
+from . import tools
+from .limits import GatewaySettings
 
 # Fields of OpenAI's request bodies that change nothing here (identification, storage, routing).
 IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
@@ -28,7 +32,10 @@ CHAT_FIELDS = ("model", "messages", "max_completion_tokens", "logprobs", "top_lo
                "modalities") + SAMPLING + IGNORED
 COMPLETION_FIELDS = ("model", "prompt", "echo", "suffix", "best_of", "logprobs") + SAMPLING + \
     IGNORED
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
+TOOL_CHOICES = ("none", "auto")
+SEEDS = 2**64   # the seed input's range: choice i's seed is seed + i within it
 # The ensemble's finish reasons in OpenAI's words.
 FINISH = {Finish.LENGTH: "length", Finish.EOS: "stop", Finish.STOP: "stop",
           Finish.CANCELLED: "stop"}
@@ -63,6 +70,16 @@ class Generation:
     stream: bool
     include_usage: bool
     max_param: str               # the body's name for max_tokens, for errors
+    n: int = 1                   # choices: n requests, choice i seeded seed + i
+    tool_parser: str | None = None   # the format calls are read in; None: text only
+    keep_ids: frozenset[int] = field(default_factory=frozenset)   # markers decoded as text
+
+    def choice_params(self) -> list[GenerationParams]:
+        """Each choice's parameters: its own seed stream where a seed is given (without one,
+        each request gets its own random seed on the server)."""
+        seed = self.params.seed
+        return [self.params if seed is None or i == 0 else
+                replace(self.params, seed=(seed + i) % SEEDS) for i in range(self.n)]
 
 
 def _number(body: dict, name: str, lo: float, hi: float | None = None) -> float | None:
@@ -106,7 +123,6 @@ def _common(body: dict, fields: tuple[str, ...], served: str) -> None:
     if model != served:
         raise ApiError(404, f"the model '{model:.100}' does not exist; this server serves "
                             f"'{served}'", "model", "model_not_found")
-    _must_be(body, "n", (None, 1), "a value other than 1")
     for name in ("frequency_penalty", "presence_penalty"):
         _must_be(body, name, (None, 0, 0.0), "a value other than 0 (a penalty would change "
                                              "the model's distribution)")
@@ -154,6 +170,35 @@ def _within(params: GenerationParams, max_param: str, server: OrchestratorSettin
                               f"{', '.join(server.proposers)}")
 
 
+def _n(body: dict, gateway: GatewaySettings) -> int:
+    n = _integer(body, "n", 1) or 1
+    if n > gateway.max_n:
+        raise bad("n", f"{n} is outside 1..{gateway.max_n} (the server's SPECDEC_MAX_N)")
+    return n
+
+
+def _tools(body: dict, tokenizer) -> list[dict] | None:
+    """The tools to render with: None without tools or with tool_choice none (the model is
+    not shown them, as vLLM does)."""
+    choice = body.get("tool_choice")
+    if choice is not None and choice not in TOOL_CHOICES:
+        if choice == "required" or isinstance(choice, dict):
+            raise bad("tool_choice", "'required' and a named function need structured outputs "
+                                     "(constrained decoding), which this server does not have "
+                                     "yet; use 'auto' or 'none'")
+        raise bad("tool_choice", "expected 'none' or 'auto'")
+    raw = body.get("tools")
+    if raw is None or raw == []:
+        return None
+    try:
+        offered = tools.check_tools(raw)
+    except ValueError as e:
+        raise bad("tools", str(e)) from None
+    if not tools.takes_tools(tokenizer):
+        raise bad("tools", "this checkpoint's chat template does not take tools")
+    return None if choice == "none" else offered
+
+
 def _stream_flags(body: dict) -> tuple[bool, bool]:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -165,12 +210,12 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
 
 
 def parse_chat(body: dict, served: str, tokenizer,
-               server: OrchestratorSettings = OrchestratorSettings()) -> Generation:
+               server: OrchestratorSettings = OrchestratorSettings(),
+               gateway: GatewaySettings = GatewaySettings(tool_parser="none")) -> Generation:
+    """gateway.tool_parser: resolved for this tokenizer (tools.choose), never auto."""
     _common(body, CHAT_FIELDS, served)
     _must_be(body, "logprobs", (None, False), "log probabilities")
     _must_be(body, "top_logprobs", (None, 0), "log probabilities")
-    _must_be(body, "tools", (None, []), "function calling")
-    _must_be(body, "tool_choice", (None, "none"), "function calling")
     _must_be(body, "functions", (None, []), "function calling")
     _must_be(body, "function_call", (None, "none"), "function calling")
     _must_be(body, "modalities", (None, ["text"]), "an output other than text")
@@ -180,13 +225,18 @@ def parse_chat(body: dict, served: str, tokenizer,
     max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     stream, usage = _stream_flags(body)
-    prompt = render_chat(tokenizer, messages(body.get("messages")))
+    n = _n(body, gateway)
+    offered = _tools(body, tokenizer)
+    prompt = render_chat(tokenizer, messages(body.get("messages")), offered)
+    parser = gateway.tool_parser if offered and gateway.tool_parser in tools.PARSERS else None
     return Generation(True, body["model"], prompt, _params(body, max_param, server), stream,
-                      usage, max_param)
+                      usage, max_param, n, parser,
+                      tools.kept_ids(tokenizer, parser) if parser else frozenset())
 
 
 def parse_completion(body: dict, served: str,
-                     server: OrchestratorSettings = OrchestratorSettings()) -> Generation:
+                     server: OrchestratorSettings = OrchestratorSettings(),
+                     gateway: GatewaySettings = GatewaySettings()) -> Generation:
     _common(body, COMPLETION_FIELDS, served)
     _must_be(body, "echo", (None, False), "echoing the prompt")
     _must_be(body, "suffix", (None, ""), "a suffix (insertion)")
@@ -202,18 +252,30 @@ def parse_completion(body: dict, served: str,
         raise bad("prompt", "empty")
     stream, usage = _stream_flags(body)
     return Generation(False, body["model"], prompt, _params(body, "max_tokens", server), stream,
-                      usage, "max_tokens")
+                      usage, "max_tokens", _n(body, gateway))
 
 
-def messages(raw: Any) -> list[dict[str, str]]:
-    """OpenAI messages -> [{"role", "content"}] for a chat template; text content only."""
+def messages(raw: Any) -> list[dict[str, Any]]:
+    """OpenAI messages -> [{"role", "content"}] for a chat template; text content only. A tool's
+    answer keeps its tool_call_id, an assistant's calls their tool_calls (content may be null)."""
     if not isinstance(raw, list) or not raw:
         raise bad("messages", "expected a non-empty list")
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise bad("messages", f"[{i}]: role must be one of {', '.join(ROLES)} (tool "
-                                  f"messages are not supported)")
+            raise bad("messages", f"[{i}]: role must be one of {', '.join(ROLES)}")
+        extra: dict[str, Any] = {}
+        if m["role"] == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise bad("messages", f"[{i}]: a tool message needs its tool_call_id")
+            extra["tool_call_id"] = m["tool_call_id"]
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            try:
+                extra["tool_calls"] = tools.check_calls(m["tool_calls"])
+            except ValueError as e:
+                raise bad("messages", f"[{i}].{e}") from None
+            if m.get("content") is None:
+                m = {**m, "content": ""}
         content = m.get("content")
         if isinstance(content, list):   # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text"
@@ -222,17 +284,22 @@ def messages(raw: Any) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad("messages", f"[{i}]: content must be a string or text parts")
-        out.append({"role": ROLES[m["role"]], "content": content})
+        out.append({"role": ROLES[m["role"]], "content": content, **extra})
     return out
 
 
-def render_chat(tokenizer, conversation: list[dict[str, str]]) -> str:
+def render_chat(tokenizer, conversation: list[dict[str, Any]],
+                offered: list[dict] | None = None) -> str:
     """The target's chat template with the generation prompt, as text (the ensemble tokenizes
-    it, a leading BOS not doubled: specdec/serving/tokenizer.py)."""
+    it, a leading BOS not doubled: specdec/serving/tokenizer.py); with tools, the template's
+    own `tools` argument."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad("messages", "this model's tokenizer has no chat template; use /v1/completions "
                               "with a prompt")
     try:
+        if offered:
+            return tokenizer.apply_chat_template(conversation, tools=offered, tokenize=False,
+                                                 add_generation_prompt=True)
         return tokenizer.apply_chat_template(conversation, tokenize=False,
                                              add_generation_prompt=True)
     except Exception as e:   # the template's own refusal, e.g. roles out of order
@@ -245,47 +312,92 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(result: Result) -> dict:
-    prompt, completion = result.num_input_tokens or 0, result.num_output_tokens or 0
+def _each(results: Result | list[Result]) -> list[Result]:
+    return [results] if isinstance(results, Result) else results
+
+
+def usage(results: Result | list[Result]) -> dict:
+    """The prompt once and every choice's tokens (OpenAI's count for n choices)."""
+    results = _each(results)
+    prompt = results[0].num_input_tokens or 0
+    completion = sum(r.num_output_tokens or 0 for r in results)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 
 
-def speculation(result: Result) -> dict:
-    """The request's speculative statistics, a field OpenAI clients ignore."""
-    return {"total_draft_tokens": result.total_draft_tokens,
-            "total_accepted_draft_tokens": result.total_accepted_draft_tokens,
-            "acceptance_rate": result.acceptance_rate,
-            "ngram_draft_tokens": result.ngram_draft_tokens,
-            "ngram_accepted_tokens": result.ngram_accepted_tokens}
+SUMMED = ("total_draft_tokens", "total_accepted_draft_tokens", "ngram_draft_tokens",
+          "ngram_accepted_tokens")
+
+
+def speculation(results: Result | list[Result]) -> dict:
+    """The request's speculative statistics, summed over its choices, a field OpenAI clients
+    ignore."""
+    results = _each(results)
+    out = {name: None if any(getattr(r, name) is None for r in results) else
+           sum(getattr(r, name) for r in results) for name in SUMMED}
+    drafted, accepted = out["total_draft_tokens"], out["total_accepted_draft_tokens"]
+    out["acceptance_rate"] = results[0].acceptance_rate if len(results) == 1 else \
+        None if drafted is None or accepted is None else accepted / max(drafted, 1)
+    return out
 
 
 def finish_reason(result: Result) -> str:
     return FINISH.get(result.finish_reason or "", "stop")
 
 
-def response(gen: Generation, rid: str, result: Result) -> dict:
-    if gen.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                  "logprobs": None, "finish_reason": finish_reason(result)}
-    else:
-        choice = {"index": 0, "text": result.text, "logprobs": None,
-                  "finish_reason": finish_reason(result)}
+def tool_call(gen: Generation, call: tools.Call) -> dict:
+    return {"id": tools.call_id(gen.tool_parser), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def call_deltas(gen: Generation, k: int, call: tools.Call) -> list[list[dict]]:
+    """A streamed call in OpenAI's deltas: its index, id and name, then its arguments."""
+    first = tool_call(gen, call)
+    first["index"], first["function"] = k, {"name": call.name, "arguments": ""}
+    return [[first], [{"index": k, "function": {"arguments": call.arguments}}]]
+
+
+def message(gen: Generation, result: Result) -> tuple[dict, str]:
+    """A chat choice's message and finish reason: with tools, the calls read from its text."""
+    content, calls = tools.parse(gen.tool_parser, result.text) if gen.tool_parser else \
+        (result.text, [])
+    out: dict = {"role": "assistant", "content": content}
+    if calls:
+        out["tool_calls"] = [tool_call(gen, c) for c in calls]
+    return out, "tool_calls" if calls else finish_reason(result)
+
+
+def response(gen: Generation, rid: str, results: Result | list[Result]) -> dict:
+    choices = []
+    for i, result in enumerate(_each(results)):
+        if gen.chat:
+            said, finish = message(gen, result)
+            choices.append({"index": i, "message": said, "logprobs": None,
+                            "finish_reason": finish})
+        else:
+            choices.append({"index": i, "text": result.text, "logprobs": None,
+                            "finish_reason": finish_reason(result)})
     return {"id": rid, "object": "chat.completion" if gen.chat else "text_completion",
-            "created": int(time.time()), "model": gen.model, "choices": [choice],
-            "usage": usage(result), "specdec": speculation(result)}
+            "created": int(time.time()), "model": gen.model, "choices": choices,
+            "usage": usage(results), "specdec": speculation(results)}
 
 
 def chunk(gen: Generation, rid: str, created: int, text: str | None,
-          finish: str | None = None, first: bool = False) -> dict:
-    """A stream chunk carrying `text` (or, with `finish`, the end of the choice)."""
+          finish: str | None = None, first: bool = False, index: int = 0,
+          tool_calls: list[dict] | None = None) -> dict:
+    """A stream chunk of choice `index` carrying `text` or `tool_calls` (or, with `finish`, the
+    end of the choice)."""
     if gen.chat:   # the first chunk names the role
         delta: dict = {"role": "assistant", "content": ""} if first else {}
         if text:
             delta["content"] = text
-        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
+        choice: dict = {"index": index, "delta": delta, "logprobs": None,
+                        "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": None,
+                  "finish_reason": finish}
     out = {"id": rid, "object": "chat.completion.chunk" if gen.chat else "text_completion",
            "created": created, "model": gen.model, "choices": [choice]}
     if gen.include_usage:
@@ -293,8 +405,9 @@ def chunk(gen: Generation, rid: str, created: int, text: str | None,
     return out
 
 
-def usage_chunk(gen: Generation, rid: str, created: int, result: Result) -> dict:
+def usage_chunk(gen: Generation, rid: str, created: int,
+                results: Result | list[Result]) -> dict:
     """stream_options.include_usage: a last chunk with no choices and the usage."""
     return {"id": rid, "object": "chat.completion.chunk" if gen.chat else "text_completion",
-            "created": created, "model": gen.model, "choices": [], "usage": usage(result),
-            "specdec": speculation(result)}
+            "created": created, "model": gen.model, "choices": [], "usage": usage(results),
+            "specdec": speculation(results)}

@@ -110,15 +110,26 @@ class SpecDecoding:
             rows[name] = [value.encode() if isinstance(value, str) else value]
         return infer_inputs(rows, DATATYPES, ranks)
 
-    def _decode(self, ids: list[int]) -> str:
-        return decode_ids(self.tokenizer, ids)
+    def _decode(self, ids: list[int], keep: frozenset[int] = frozenset()) -> str:
+        """keep: special ids shown as text all the same (a tool call's marker, for its parser)."""
+        if not keep.intersection(ids):
+            return decode_ids(self.tokenizer, ids)
+        text, start = [], 0
+        for i, token in enumerate(ids):
+            if token in keep:
+                text += [decode_ids(self.tokenizer, ids[start:i]),
+                         self.tokenizer.convert_ids_to_tokens(token)]
+                start = i + 1
+        return "".join(text) + decode_ids(self.tokenizer, ids[start:])
 
-    async def generate(self, prompt: str, params: GenerationParams,
-                       stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, prompt: str, params: GenerationParams, stream: bool,
+                       keep: frozenset[int] = frozenset()) -> AsyncIterator[dict[str, Any]]:
         """The outputs of each response, its text included; TritonError for an error, the
         server's or the connection's (or a request over the limits). Leaving early (an exception
-        or cancellation in the consumer) cuts the stream, which ends the generation."""
+        or cancellation in the consumer) cuts the stream, which ends the generation. keep: see
+        _decode."""
         import grpc
+        decode = self._decode if not keep else lambda ids: self._decode(ids, keep)
         headers, ranks = await self.facts()
         try:
             inputs = self.inputs(prompt, params, stream, ranks)
@@ -147,7 +158,7 @@ class SpecDecoding:
                 ids = result.as_numpy(names.OUTPUT_IDS)
                 if ids is not None:
                     outputs[names.TEXT_OUTPUT] = piece(
-                        self._decode, ids.reshape(-1).tolist(),
+                        decode, ids.reshape(-1).tolist(),
                         int(result.as_numpy(names.PREFIX_LENGTH).reshape(-1)[0]),
                         bool(result.as_numpy(names.IS_FINAL).reshape(-1)[0]), self.byte_of)
                 yield outputs
@@ -155,9 +166,10 @@ class SpecDecoding:
             if not ended:
                 responses.cancel()
 
-    async def collect(self, gen: Generation) -> Collector:
+    async def collect(self, gen: Generation, params: GenerationParams | None = None) -> Collector:
+        """One choice's whole answer (params: that choice's, gen.params by default)."""
         collector = Collector()
-        async for outputs in self.generate(gen.prompt, gen.params, False):
+        async for outputs in self.generate(gen.prompt, params or gen.params, False, gen.keep_ids):
             collector.add(outputs)
         return collector
 

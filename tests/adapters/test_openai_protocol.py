@@ -68,8 +68,9 @@ def test_messages_roles_and_text_parts():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 3}, "n"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
-    ({"tools": [{"type": "function"}]}, "tools"), ({"tool_choice": "auto"}, "tool_choice"),
+    ({"n": 9}, "n"), ({"n": 0}, "n"), ({"n": 1.5}, "n"),
+    ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"tools": [{"type": "function"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{}]}, "functions"), ({"response_format": {"type": "json_schema"}},
                                          "response_format"),
     ({"frequency_penalty": 0.1}, "frequency_penalty"),

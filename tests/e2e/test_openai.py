@@ -1,8 +1,9 @@
 """`specdec openai` with the official openai package as the client, on a real tritonserver of its
 own (one sequence slot and a one-second queue, so a full server is easy to make).
 
-Two gateways: one whose tokenizer is the default target's with a ChatML chat template added (the
-weights and the vocabulary unchanged), one on the default tokenizer, which has no template.
+Three gateways: one whose tokenizer is the default target's with a ChatML chat template added
+(the weights and the vocabulary unchanged), one with a Hermes-style template that takes tools
+(tests/chat_templates.py), one on the default tokenizer, which has no template.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ openai = pytest.importorskip("openai")
 
 from specdec.serving.tokenizer import load_tokenizer  # noqa: E402
 from specdec_client import GenerationParams, generate, generate_stream  # noqa: E402
+from tests.chat_templates import HERMES, tools_tokenizer  # noqa: E402
 from tests.e2e.conftest import (ROOT, _free_port, heldout_prompts, launch,  # noqa: E402
                                 start_gateway, templated_tokenizer, wait_for)
 
@@ -144,7 +146,7 @@ def test_stop_seed_and_the_speculative_extras(client, triton):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+    ({"n": 9}, "n"), ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
@@ -168,6 +170,111 @@ def test_an_empty_logit_bias_changes_nothing(client, triton):
     r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=8,
                                   temperature=0, logit_bias={})
     assert r.choices[0].text == generate(triton.http, PROMPT, greedy(8)).text
+
+
+def test_n_sampled_choices_are_the_ensembles_with_seeds_seed_plus_i(client, triton):
+    """n=3: three requests, choice i seeded 5 + i; the server's one slot takes them in turn
+    (short ones, well within its queue timeout), each as it would be alone."""
+    alone = [generate(triton.http, PROMPT, GenerationParams(max_tokens=8, temperature=0.8,
+                                                            seed=5 + i)) for i in range(3)]
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=8,
+                                  temperature=0.8, seed=5, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [a.text for a in alone]
+    assert r.usage.prompt_tokens == len(load_tokenizer(str(TARGET))(PROMPT)["input_ids"])
+    assert r.usage.completion_tokens == sum(a.num_output_tokens for a in alone)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.model_extra["specdec"]["total_draft_tokens"] == sum(a.total_draft_tokens
+                                                                for a in alone)
+    chunks = list(client.chat.completions.create(
+        model="specdec-chat", messages=CHAT, max_tokens=8, temperature=0.8, seed=5, n=3,
+        stream=True, stream_options={"include_usage": True}))
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks
+                     if c.choices and c.choices[0].index == i) for i in range(3)]
+    finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finishes) == [0, 1, 2]
+    singles = [client.chat.completions.create(model="specdec-chat", messages=CHAT, max_tokens=8,
+                                              temperature=0.8, seed=5 + i) for i in range(3)]
+    assert texts == [s.choices[0].message.content for s in singles]
+    assert chunks[-1].usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert chunks[-1].usage.prompt_tokens == singles[0].usage.prompt_tokens
+
+
+def test_n_greedy_choices_are_identical(client, triton, chat_prompt):
+    text, prompt_tokens = chat_prompt
+    ours = generate(triton.http, text, greedy(12))
+    r = client.chat.completions.create(model="specdec-chat", messages=CHAT, max_tokens=12,
+                                       temperature=0, n=2)
+    assert [c.message.content for c in r.choices] == [ours.text, ours.text]
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.prompt_tokens == prompt_tokens
+    assert r.usage.completion_tokens == 2 * ours.num_output_tokens
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def tools_client(triton, tmp_path_factory):
+    """A gateway whose template takes tools, in Hermes' format (the parser chosen: hermes)."""
+    tok = tools_tokenizer(tmp_path_factory.mktemp("tools") / "specdec-tools", HERMES)
+    proc, url = start_gateway(triton.grpc, tok, tmp_path_factory)
+    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0), tok
+    proc.terminate()
+    proc.wait(30)
+
+
+def rendered(tok, messages, tools=None) -> tuple[str, int]:
+    tokenizer = load_tokenizer(str(tok))
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                         add_generation_prompt=True)
+    return text, len(tokenizer(text)["input_ids"])
+
+
+def test_a_chat_with_tools_is_answered_streamed_and_not(tools_client, triton):
+    """The random weights rarely write a call: the request round-trips, the tools in the
+    prompt (tool_choice auto) or not (none), and the text is the ensemble's for that prompt."""
+    client, tok = tools_client
+    for choice, offered in (("auto", [WEATHER]), ("none", None), (None, [WEATHER])):
+        text, prompt_tokens = rendered(tok, CHAT, offered)
+        ours = generate(triton.http, text, greedy(16))
+        kw = {"tool_choice": choice} if choice else {}
+        r = client.chat.completions.create(model="specdec-tools", messages=CHAT, max_tokens=16,
+                                           temperature=0, tools=[WEATHER], **kw)
+        assert r.usage.prompt_tokens == prompt_tokens, choice
+        message = r.choices[0].message
+        if message.tool_calls:
+            assert r.choices[0].finish_reason == "tool_calls"
+        else:
+            assert message.content == ours.text and r.choices[0].finish_reason in ("length",
+                                                                                   "stop")
+        chunks = list(client.chat.completions.create(
+            model="specdec-tools", messages=CHAT, max_tokens=16, temperature=0, tools=[WEATHER],
+            stream=True, **kw))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        if not message.tool_calls:
+            assert streamed == ours.text
+        assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    _, without = rendered(tok, CHAT)
+    assert prompt_tokens > without   # the tools' JSON is in the prompt
+
+
+def test_a_conversation_with_a_call_and_its_answer(tools_client):
+    client, _ = tools_client
+    messages = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    r = client.chat.completions.create(model="specdec-tools", messages=messages, max_tokens=4,
+                                       temperature=0, tools=[WEATHER])
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="specdec-tools", messages=CHAT, tools=[WEATHER],
+                                       tool_choice="required")
+    assert e.value.body["param"] == "tool_choice"
 
 
 def test_an_unknown_model_is_a_404(client):
