@@ -24,6 +24,7 @@ from .eagle.head import EagleHead
 from .graphs import GraphedForward
 from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
+from .logprobs import scored
 from .model import Transformer
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, probabilities
@@ -211,7 +212,7 @@ class Engine:
         hidden = self._forward(batch)                                      # [B, T, D (+ A D)]
         d = self.model.args.hidden_size
         features = hidden[..., d:] if self.model.capture else None        # [B, T, A D]
-        hidden = hidden[..., :d]
+        hidden = full = hidden[..., :d]
         # Score the last committed token and every draft: K+1 positions per row.
         base = to_device([len(c.tokens) - 1 for c in cs], self.device)
         idx = (base[:, None] + torch.arange(k_max + 1, device=self.device)).clamp(
@@ -239,9 +240,22 @@ class Engine:
         if self.drafters:
             scored = hidden[torch.arange(len(cs), device=self.device), accepted_t]    # [B, D]
             ahead = self._draft_next(cs, accepted, scored, features, batch, slots, nxt_t)
-        for b, (i, m, new) in enumerate(zip(good, accepted, tokens)):
-            results[i] = Verdict(new, m, batch_k=k_max, **ahead.get(b, {}))
+        for b, (i, c, m, new) in enumerate(zip(good, cs, accepted, tokens)):
+            results[i] = Verdict(new, m, batch_k=k_max, **ahead.get(b, {}),
+                                 **self._logprobs(c, new, logits[b], full[b]))
         return results
+
+    def _logprobs(self, c: VerifyCall, new: list[int], logits: torch.Tensor,
+                  hidden: torch.Tensor) -> dict:
+        """The verdict's logprob fields a call asked for: its committed tokens' from the rows
+        that scored them (logits [K+1, V]), its prompt's from every prompt row (hidden [T, D])."""
+        out = {}
+        if c.logprobs is not None:
+            out["logprobs"] = scored(logits[:len(new)], new, c.sampling, c.logprobs)
+        if c.prompt_logprobs is not None and c.start == 0:
+            rows = self._logits(hidden[:len(c.tokens) - 1])                  # [L-1, V]
+            out["prompt_logprobs"] = scored(rows, c.tokens[1:], c.sampling, c.prompt_logprobs)
+        return out
 
     def _draft_probs(self, cs: list[VerifyCall], drafts: torch.Tensor,
                      k_max: int) -> torch.Tensor | None:

@@ -28,7 +28,7 @@ from .policy import Choice, Policy
 from .proposers import (DraftModelProposer, Drafted, Drafter, InTargetProposer, LookupProposer,
                         SequenceProposer)
 from .records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Request, Round,
-                      Stats, Verdict, VerifyCall)
+                      Stats, TokenLogprob, Verdict, VerifyCall)
 
 
 class Verifier(Protocol):
@@ -60,20 +60,28 @@ class _Output:
     def __init__(self, req: Request, max_len: int):
         self.req, self.max_len = req, max_len
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if req.logprobs is not None else None
         self.shown = 0
         self.finish: Finish | None = None
         # A partial stop sequence at the end may still complete: hold that many tokens back.
         self.hold = max((len(s) for s in req.stop), default=1) - 1
 
-    def extend(self, new: list[int]) -> None:
-        for t in new:
+    def extend(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
+        if self.req.max_tokens == 0:   # the prompt scored, nothing generated
+            self.finish = Finish.LENGTH
+            return
+        for i, t in enumerate(new):
             if t in self.req.eos:
                 self.finish = Finish.EOS
                 return
             self.tokens.append(t)
+            if self.logprobs is not None:
+                self.logprobs.append(logprobs[i])
             for s in self.req.stop:
                 if len(self.tokens) >= len(s) and tuple(self.tokens[-len(s):]) == s:
                     del self.tokens[-len(s):]
+                    if self.logprobs is not None:
+                        del self.logprobs[-len(s):]
                     self.finish = Finish.STOP
                     return
             if len(self.tokens) >= self.req.max_tokens:
@@ -82,10 +90,11 @@ class _Output:
         if len(self.req.prompt) + len(self.tokens) > self.max_len:
             self.finish = Finish.LENGTH  # context window full
 
-    def take(self) -> list[int]:
+    def take(self) -> tuple[list[int], list[TokenLogprob] | None]:
+        """The tokens that may be shown now, and their logprobs when the request asked."""
         end = len(self.tokens) if self.finish else max(self.shown, len(self.tokens) - self.hold)
-        new, self.shown = self.tokens[self.shown:end], end
-        return new
+        new, start, self.shown = self.tokens[self.shown:end], self.shown, end
+        return new, None if self.logprobs is None else self.logprobs[start:end]
 
 
 async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verifier,
@@ -120,6 +129,7 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     committed = list(req.prompt)
     target_len = 0                    # tokens the target has cached, all committed
     verified_at = None
+    prompt_logprobs = None            # the first verification's, until a chunk carries them
     try:
         while out.finish is None:
             if cancelled():
@@ -143,7 +153,9 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             verdict = await verifier.verify(VerifyCall(
                 seq_id=seq_id, start=target_len, tokens=committed[target_len:],
                 drafts=d.proposal.tokens, draft_probs=d.proposal.probs, sampling=req.sampling,
-                next_k=next_k, drafts_in_target=bool(k and chosen.in_verifier), next_by=ahead))
+                next_k=next_k, drafts_in_target=bool(k and chosen.in_verifier), next_by=ahead,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.prompt_logprobs if target_len == 0 else None))
             t2 = time.perf_counter()
             # Commit: every proposer sees the verdict, the policy and the metrics the round.
             for q in proposers.values():
@@ -165,13 +177,17 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             if on_round is not None:
                 on_round(r)
             # Emit what may be shown.
-            out.extend(verdict.tokens)
+            out.extend(verdict.tokens, verdict.logprobs)
             stats.num_output_tokens = len(out.tokens)
-            new = out.take()
+            if verdict.prompt_logprobs is not None:
+                prompt_logprobs = verdict.prompt_logprobs
+            new, logprobs = out.take()
             if new or out.finish:
-                await _call(emit, Chunk(new, out.finish, stats))
+                await _call(emit, Chunk(new, out.finish, stats, logprobs, prompt_logprobs))
+                prompt_logprobs = None
         if out.finish == Finish.CANCELLED:
-            await _call(emit, Chunk(out.take(), out.finish, stats))
+            new, logprobs = out.take()
+            await _call(emit, Chunk(new, out.finish, stats, logprobs, prompt_logprobs))
         return stats
     finally:
         # The verifier's release (the target's slot, the head's state) is awaited: the next

@@ -20,6 +20,12 @@ SEED = "seed"
 NUM_DRAFT_TOKENS = "num_draft_tokens"
 STOP_WORDS = "stop_words"
 PROPOSER = "proposer"              # draft, ngram or hybrid
+# Logprobs of the target's distribution: each output token's (TensorRT-LLM's return_log_probs),
+# with this many alternatives (OpenAI's top_logprobs, implies it), and the prompt's tokens'
+# with this many alternatives (vLLM's prompt_logprobs; -1 or absent: none).
+RETURN_LOG_PROBS = "return_log_probs"
+TOP_LOGPROBS = "top_logprobs"
+PROMPT_LOGPROBS = "prompt_logprobs"
 # TensorRT-LLM-format inputs, as Triton's own OpenAI frontend sends them: accepted, and refused
 # by name where they ask for what is not implemented.
 RANDOM_SEED = "random_seed"        # seed, as TensorRT-LLM (and that frontend before 25.06) name it
@@ -40,6 +46,14 @@ ACCEPTANCE_RATE = "acceptance_rate"
 FINISH_REASON = "finish_reason"
 NGRAM_DRAFT_TOKENS = "ngram_draft_tokens"          # of total_draft_tokens, prompt lookup's
 NGRAM_ACCEPTED_TOKENS = "ngram_accepted_tokens"    # of total_accepted_draft_tokens
+# Logprobs, where asked: each new token's [n] and its alternatives' ids and logprobs [n, top];
+# the prompt's tokens after the first [L-1] (and [L-1, top]), in a request's first response.
+OUTPUT_LOG_PROBS = "output_log_probs"
+TOP_LOGPROB_IDS = "top_logprob_ids"
+TOP_LOGPROB_VALUES = "top_logprob_values"
+PROMPT_LOG_PROBS = "prompt_log_probs"
+PROMPT_TOP_LOGPROB_IDS = "prompt_top_logprob_ids"
+PROMPT_TOP_LOGPROB_VALUES = "prompt_top_logprob_values"
 STATS_OUTPUTS = (NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TOTAL_DRAFT_TOKENS,
                  TOTAL_ACCEPTED_DRAFT_TOKENS, ACCEPTANCE_RATE, FINISH_REASON, NGRAM_DRAFT_TOKENS,
                  NGRAM_ACCEPTED_TOKENS)
@@ -63,8 +77,9 @@ GENERATION_ID = "generation_id"
 CANCEL_GENERATION = "cancel_generation"
 
 # Orchestrator -> draft_model / target_model (the packing is in specdec/serving/calls.py).
-CALL = "call"                      # INT64 [10]: sequence id, start, k, top_k, seed, release,
-                                   # next_k, drafts_in_target, next_by, tokens in the row
+CALL = "call"                      # INT64 [12]: sequence id, start, k, top_k, seed, release,
+                                   # next_k, drafts_in_target, next_by, tokens in the row,
+                                   # logprobs, prompt_logprobs
 SAMPLING = "sampling"              # FP32 [2]: temperature, top_p
 TOKENS = "tokens"                  # committed tokens the model has not cached yet
 DRAFT_TOKENS = "draft_tokens"      # draft -> orchestrator -> target

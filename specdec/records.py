@@ -88,6 +88,19 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# Logprobs: at most this many alternatives a position (OpenAI's top_logprobs limit).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A scored token: its log-probability under the target's distribution at its position
+    (the one the request samples from: the temperature, top-k and top-p applied; at temperature 0
+    the model's own softmax), and the most likely ids there with theirs, likeliest first."""
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class ProposeCall:
     seq_id: int
@@ -120,6 +133,10 @@ class VerifyCall:
     drafts_in_target: bool = False   # drafts are the in-target drafter's last proposal: verify
                                      # with the q it kept
     next_by: Proposer | None = None
+    # The committed tokens' logprobs with this many alternatives each (None: not asked), and
+    # the prompt's (a sequence's first verification: its tokens after the first).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def prefill(self) -> int:
@@ -142,6 +159,8 @@ class Verdict:
     # Committed tokens the drafter read before drafting (the batch's most): a draft model that
     # sat out rounds catches up on them, and that proposal then cost a prefill, not a step.
     fed: int = 0
+    logprobs: list[TokenLogprob] | None = None         # one per token, when the call asked
+    prompt_logprobs: list[TokenLogprob] | None = None  # the call's tokens after the first
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,10 @@ class Request:
     # without speculation; the draft prefills on its first proposal instead.
     prefill_alone: bool = True
     proposer: Proposer = Proposer.DRAFT
+    # Return each output token's logprob with this many alternatives (None: none), and the
+    # prompt's (its first token has none). max_tokens 0 then scores the prompt alone.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -212,3 +235,5 @@ class Chunk:
     tokens: list[int]              # output tokens now safe to show
     finish_reason: Finish | None   # None until the last chunk: LENGTH, EOS, STOP or CANCELLED
     stats: Stats
+    logprobs: list[TokenLogprob] | None = None         # one per token, when the request asked
+    prompt_logprobs: list[TokenLogprob] | None = None  # in the first chunk, when asked

@@ -89,6 +89,18 @@ def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     return torch.where((s.temperature == 0)[:, None, None], _one_hot_argmax(logits), probs)
 
 
+def log_probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
+    """Log-probabilities [B, P, V] (fp32) from logits [B, P, V]: of what each sampling row
+    samples from (-inf where top-k or top-p leave a token out), and of the model's own softmax
+    for a greedy row, whose one-hot distribution would say nothing."""
+    logits = logits.float()
+    scaled = logits / torch.where(s.temperature > 0, s.temperature, 1.0)[:, None, None]
+    if s.any_filter:
+        scaled = torch.where((s.temperature == 0)[:, None, None], scaled,
+                             _top_k_top_p(scaled, s.top_k, s.top_p))
+    return torch.log_softmax(scaled, dim=-1)
+
+
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
 

@@ -7,13 +7,14 @@ that the target's batch is the round's, whatever the timing of Triton's queue. E
 is allocated, described and mapped on both sides of the Python backend's process boundary on
 every call):
 
-    call      INT64 [10] sequence id, start position, num_draft_tokens k, top_k,
+    call      INT64 [12] sequence id, start position, num_draft_tokens k, top_k,
                          seed, release (1: free the sequence's slot, nothing else),
                          next_k (verify: tokens a drafter in the target's process drafts for
                          the next round; -1: none does), drafts_in_target (1: the drafts are
                          that drafter's last proposal, verified with the q it kept), next_by
                          (the drafter: its index in records.DRAFTING; -1: none), n (the row's
-                         tokens)
+                         tokens), logprobs and prompt_logprobs (alternatives a scored token;
+                         -1: not asked)
     sampling  FP32  [2]  temperature, top_p
     tokens    INT32 [n'] committed tokens from the start position on, not cached yet; a
                          verification's k drafts after them; padded with 0 to the longest row
@@ -28,7 +29,10 @@ of drafts accepted m, the in-target drafter's time in microseconds, 1 if it fail
 drafts a row of the verification's batch carried, the drafter's steps over its batch, the
 committed tokens it caught up on before drafting (its batch's most), the number k' of the
 drafter's drafts for the next round, the m accepted drafts and the target's own token, and the
-k' drafts. The draft answers draft_tokens [k] and, when asked, draft_probs.
+k' drafts; then the scored tokens the call asked for, the committed tokens' and the prompt's
+(_encode_scored: a count, -1 for none, and the alternatives a token, then per token its
+logprob and its alternatives' ids and logprobs, each float32 as the int32 of its bits). The
+draft answers draft_tokens [k] and, when asked, draft_probs.
 Unsigned 64-bit values travel as the int64 with the same bits.
 """
 from __future__ import annotations
@@ -37,10 +41,11 @@ import numpy as np
 
 from .. import names
 from ..records import (DRAFTING, Failure, ProposeCall, Proposer, SamplingParams, SlotError,
-                       Verdict, VerifyCall)
+                       TokenLogprob, Verdict, VerifyCall)
 
-_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _IN_TARGET, _NEXT_BY, _N = range(10)
-_FIELDS = 10
+(_SEQ, _START, _K, _TOP_K, _SEED, _RELEASE, _NEXT_K, _IN_TARGET, _NEXT_BY, _N, _LOGPROBS,
+ _PROMPT_LOGPROBS) = range(12)
+_FIELDS = 12
 _OK, _FAILED, _RETRYABLE = range(3)
 _U64 = 1 << 64
 
@@ -53,12 +58,54 @@ def _unsigned(v: int) -> int:
     return v % _U64
 
 
+def _optional(v: int | None) -> int:
+    return -1 if v is None else v
+
+
+def _given(v: int) -> int | None:
+    return None if v < 0 else v
+
+
+def _bits(values: list[float]) -> list[int]:
+    return np.array(values, np.float32).view(np.int32).tolist()
+
+
+def _floats(bits: list[int]) -> list[float]:
+    return np.array(bits, np.int32).view(np.float32).tolist()
+
+
+def _encode_scored(scored: list[TokenLogprob] | None) -> list[int]:
+    if scored is None:
+        return [-1]
+    top = len(scored[0].top) if scored else 0
+    out = [len(scored), top]
+    for lp in scored:
+        out += [*_bits([lp.logprob]), *(i for i, _ in lp.top), *_bits([v for _, v in lp.top])]
+    return out
+
+
+def _decode_scored(values: list[int], at: int) -> tuple[list[TokenLogprob] | None, int]:
+    """The scored tokens encoded from values[at], and where what follows them starts."""
+    n = values[at]
+    if n < 0:
+        return None, at + 1
+    top, at = values[at + 1], at + 2
+    out = []
+    for _ in range(n):
+        lp, = _floats(values[at:at + 1])
+        ids, logprobs = values[at + 1:at + 1 + top], _floats(values[at + 1 + top:at + 1 + 2 * top])
+        out.append(TokenLogprob(lp, tuple(zip(ids, logprobs))))
+        at += 1 + 2 * top
+    return out, at
+
+
 def _row(seq_id: int, start: int, tokens: list[int], k: int, s: SamplingParams,
          release: bool = False, next_k: int | None = None, in_target: bool = False,
-         next_by: Proposer | None = None) -> tuple[list, list, list[int]]:
-    call = [_signed(seq_id), start, k, s.top_k, _signed(s.seed), release,
-            -1 if next_k is None else next_k, in_target,
-            -1 if next_by is None else DRAFTING.index(next_by), len(tokens)]
+         next_by: Proposer | None = None, logprobs: int | None = None,
+         prompt_logprobs: int | None = None) -> tuple[list, list, list[int]]:
+    call = [_signed(seq_id), start, k, s.top_k, _signed(s.seed), release, _optional(next_k),
+            in_target, -1 if next_by is None else DRAFTING.index(next_by), len(tokens),
+            _optional(logprobs), _optional(prompt_logprobs)]
     return call, [s.temperature, s.top_p], tokens
 
 
@@ -80,7 +127,8 @@ def verify_inputs(cs: list[VerifyCall]) -> dict[str, np.ndarray]:
     """One row per call. Draft probabilities travel separately, as the draft's own output
     tensor (DLPack), so a call that has them travels alone."""
     return _pack([_row(c.seq_id, c.start, c.tokens + c.drafts, len(c.drafts), c.sampling,
-                       False, c.next_k, c.drafts_in_target, c.next_by) for c in cs])
+                       False, c.next_k, c.drafts_in_target, c.next_by, c.logprobs,
+                       c.prompt_logprobs) for c in cs])
 
 
 def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
@@ -88,7 +136,7 @@ def release_inputs(seq_id: int) -> dict[str, np.ndarray]:
 
 
 def _fields(inputs: dict) -> np.ndarray:
-    """[rows, 10]"""
+    """[rows, 12]"""
     fields = inputs[names.CALL]
     if fields.ndim != 2 or fields.shape[1] != _FIELDS:
         raise ValueError(f"{names.CALL} has shape {list(fields.shape)}, expected "
@@ -147,8 +195,9 @@ def verify_calls(inputs: dict, draft_probs) -> list[VerifyCall | ValueError]:
         out.append(VerifyCall(_unsigned(f[_SEQ]), f[_START], tokens[:n], tokens[n:],
                               None if draft_probs is None else draft_probs[0],
                               _sampling(f, inputs[names.SAMPLING][i]),
-                              None if f[_NEXT_K] < 0 else f[_NEXT_K], bool(f[_IN_TARGET]),
-                              None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]]))
+                              _given(f[_NEXT_K]), bool(f[_IN_TARGET]),
+                              None if f[_NEXT_BY] < 0 else DRAFTING[f[_NEXT_BY]],
+                              _given(f[_LOGPROBS]), _given(f[_PROMPT_LOGPROBS])))
     return out
 
 
@@ -159,7 +208,8 @@ def verdict_output(rows: list[Verdict | tuple[str, bool]]) -> np.ndarray:
         if isinstance(v, Verdict):
             proposal = v.proposal or []
             encoded.append([_OK, v.num_accepted, round(v.draft_s * 1e6), v.failure is not None,
-                            v.batch_k, v.steps, v.fed, len(proposal), *v.tokens, *proposal])
+                            v.batch_k, v.steps, v.fed, len(proposal), *v.tokens, *proposal,
+                            *_encode_scored(v.logprobs), *_encode_scored(v.prompt_logprobs)])
         else:
             message, retryable = v
             data = message.encode()
@@ -180,6 +230,9 @@ def verdicts(output: np.ndarray) -> list[Verdict | SlotError]:
             continue
         m, micros, failed, batch_k, steps, fed, n_next = values[1:8]
         end = 8 + m + 1
+        scored, at = _decode_scored(values, end + n_next)
+        prompt_scored, _ = _decode_scored(values, at)
         out.append(Verdict(values[8:end], m, values[end:end + n_next] or None, micros / 1e6,
-                           Failure.ERROR if failed else None, batch_k, steps, fed))
+                           Failure.ERROR if failed else None, batch_k, steps, fed, scored,
+                           prompt_scored))
     return out

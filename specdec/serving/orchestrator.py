@@ -24,7 +24,7 @@ from .. import names
 from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
 from ..planner import Planner
-from ..records import Chunk, Finish, Request, Stats
+from ..records import Chunk, Finish, Request, Stats, TokenLogprob
 from . import detokenize
 from .adapter import read_inputs, triton_error
 from .courier import Courier
@@ -35,7 +35,8 @@ from .settings import OrchestratorSettings
 INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS, names.STREAM,
           names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS,
           names.PROPOSER, names.RANDOM_SEED, names.EXCLUDE_INPUT_IN_OUTPUT,
-          names.FREQUENCY_PENALTY, names.PRESENCE_PENALTY, names.BAD_WORDS)
+          names.FREQUENCY_PENALTY, names.PRESENCE_PENALTY, names.BAD_WORDS,
+          names.RETURN_LOG_PROBS, names.TOP_LOGPROBS, names.PROMPT_LOGPROBS)
 
 
 # request.is_cancelled() is a round trip to the server process: at 16 streams, asked every
@@ -147,7 +148,7 @@ class Orchestrator:
             self.cancelled.add(gid)
 
     def _send(self, sender, ids: list[int], prefix: int, last: bool, counts: tuple,
-              finish_reason: str, gid: int) -> None:
+              finish_reason: str, gid: int, scored: dict | None = None) -> None:
         """On the courier's thread: one streamed (or the final) response. counts: the prompt's
         tokens, then the generation's counters, in names.STATS_OUTPUTS' order less the finish
         reason.
@@ -158,7 +159,8 @@ class Orchestrator:
         TensorRT-LLM's convention: each response counts its own tokens): with both on every
         response it summed running totals. And five tensors cost the courier about half the
         CPU of twelve (measured here: 140-200 against 310-350 us a response at 16 streams,
-        where a GPU serves ~450 responses a second)."""
+        where a GPU serves ~450 responses a second). scored: the logprob tensors, where the
+        request asked (_scored)."""
         pb = self.pb
         prompt_tokens, out, drafted, accepted, rate, ngram_drafted, ngram_accepted = counts
         tensors = {
@@ -177,9 +179,24 @@ class Orchestrator:
                 names.FINISH_REASON: np.array([finish_reason.encode()], object),
                 names.NGRAM_DRAFT_TOKENS: np.array([ngram_drafted], np.int32),
                 names.NGRAM_ACCEPTED_TOKENS: np.array([ngram_accepted], np.int32)})
+        if scored:
+            tensors.update(scored)
         sender.send(pb.InferenceResponse(output_tensors=[pb.Tensor(n, v)
                                                          for n, v in tensors.items()]),
                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+
+
+def _scored_tensors(scored: list[TokenLogprob], top: int, values: str, top_ids: str,
+                    top_values: str) -> dict[str, np.ndarray]:
+    """Logprobs [n], and with alternatives their ids and logprobs [n, top]."""
+    out = {values: np.array([lp.logprob for lp in scored], np.float32)}
+    if top:
+        width = len(scored[0].top) if scored else top   # fewer where the vocabulary is
+        out[top_ids] = np.array([[i for i, _ in lp.top] for lp in scored], np.int32
+                                ).reshape(len(scored), width)
+        out[top_values] = np.array([[v for _, v in lp.top] for lp in scored], np.float32
+                                   ).reshape(len(scored), width)
+    return out
 
 
 class _Generation:
@@ -194,6 +211,8 @@ class _Generation:
         self.gid = 0                      # the generation's id, once admitted
         self.shown: list[int] = []        # tokens sent
         self.pending: list[int] = []      # emitted, not sent yet (a non-streamed request's all)
+        self.pending_logprobs: list[TokenLogprob] = []   # theirs, where the request asked
+        self.prompt_logprobs: list[TokenLogprob] | None = None   # until the first response
         self.final_sent = False
         self.finish = Finish.ERROR
         self.stats: Stats | None = None
@@ -208,6 +227,9 @@ class _Generation:
             self.last_time, self.first = now, False
         self.finish, self.stats = chunk.finish_reason or self.finish, chunk.stats
         self.pending.extend(chunk.tokens)
+        self.pending_logprobs.extend(chunk.logprobs or ())
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = chunk.prompt_logprobs
         if not (self.stream or chunk.finish_reason):
             return
         last = chunk.finish_reason is not None
@@ -222,10 +244,26 @@ class _Generation:
                   st.total_accepted_draft_tokens, st.acceptance_rate,
                   st.ngram_draft_tokens, st.ngram_accepted_tokens)
         o.courier.post(o._send, self.sender, ids, prefix, last, counts,
-                       chunk.finish_reason or "", self.gid)
+                       chunk.finish_reason or "", self.gid, self._scored())
         self.final_sent = last
         self.shown.extend(self.pending)
         self.pending.clear()
+
+    def _scored(self) -> dict | None:
+        """The logprob tensors of the tokens about to be sent, and the prompt's in the first
+        response; None where the request asked for none."""
+        out = {}
+        if self.req.logprobs is not None:
+            out.update(_scored_tensors(self.pending_logprobs, self.req.logprobs,
+                                       names.OUTPUT_LOG_PROBS, names.TOP_LOGPROB_IDS,
+                                       names.TOP_LOGPROB_VALUES))
+            self.pending_logprobs = []
+        if self.prompt_logprobs is not None:
+            out.update(_scored_tensors(self.prompt_logprobs, self.req.prompt_logprobs,
+                                       names.PROMPT_LOG_PROBS, names.PROMPT_TOP_LOGPROB_IDS,
+                                       names.PROMPT_TOP_LOGPROB_VALUES))
+            self.prompt_logprobs = None
+        return out or None
 
     def cancelled(self) -> bool:
         o = self.o

@@ -28,11 +28,11 @@ import urllib.request
 from .. import names
 from .recovery import is_down
 
-# The release of sequence 0 in calls.py's packing (a test checks it): call INT64 [1, 10] =
+# The release of sequence 0 in calls.py's packing (a test checks it): call INT64 [1, 12] =
 # sequence id, start, k, top_k, seed, release, next_k (-1: none), drafts_in_target, next_by,
-# tokens.
-_RELEASE = [{"name": names.CALL, "datatype": "INT64", "shape": [1, 10],
-             "data": [0, 0, 0, 0, 0, 1, -1, 0, -1, 1]},
+# tokens, logprobs and prompt_logprobs (-1: not asked).
+_RELEASE = [{"name": names.CALL, "datatype": "INT64", "shape": [1, 12],
+             "data": [0, 0, 0, 0, 0, 1, -1, 0, -1, 1, -1, -1]},
             {"name": names.SAMPLING, "datatype": "FP32", "shape": [1, 2], "data": [0.0, 1.0]},
             {"name": names.TOKENS, "datatype": "INT32", "shape": [1, 1], "data": [0]}]
 INFER = {

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from .. import names
-from ..records import AUTO, Proposer, Request, SamplingParams
+from ..records import AUTO, MAX_TOP_LOGPROBS, Proposer, Request, SamplingParams
 from .settings import OrchestratorSettings, RequestLimits
 
 
@@ -93,10 +93,12 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     if len(prompt) >= settings.max_seq_len:
         raise InvalidInput(f"{names.TEXT_INPUT}: prompt has {len(prompt)} tokens; the context "
                            f"window is {settings.max_seq_len} (prompt + output)")
+    logprobs, prompt_logprobs = _logprobs(inputs)
     max_tokens = int(_scalar(inputs, names.MAX_TOKENS, settings.default_max_tokens))
-    if not 1 <= max_tokens <= settings.max_tokens_limit:
+    least = 0 if prompt_logprobs is not None else 1   # 0: the prompt scored, nothing generated
+    if not least <= max_tokens <= settings.max_tokens_limit:
         raise InvalidInput(f"{names.MAX_TOKENS}: {max_tokens} is outside "
-                           f"1..{settings.max_tokens_limit}")
+                           f"{least}..{settings.max_tokens_limit}")
     temperature = float(_scalar(inputs, names.TEMPERATURE, 0.0))
     if not (math.isfinite(temperature) and temperature >= 0):
         raise InvalidInput(f"{names.TEMPERATURE}: {temperature} must be >= 0")
@@ -119,7 +121,24 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     stop = _stop_sequences(inputs)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     return Request(prompt, max_tokens, settings.max_draft_tokens if auto else k, sampling, stop,
-                   eos, auto, reproducible, proposer=parse_proposer(inputs, settings)), stream
+                   eos, auto, reproducible, proposer=parse_proposer(inputs, settings),
+                   logprobs=logprobs, prompt_logprobs=prompt_logprobs), stream
+
+
+def _logprobs(inputs: dict) -> tuple[int | None, int | None]:
+    """(the output tokens' alternatives, the prompt's): None where not asked."""
+    def top(name: str) -> int | None:
+        value = _scalar(inputs, name, None)
+        if value is None or int(value) == -1:
+            return None
+        if not 0 <= int(value) <= MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"{name}: {value} is outside 0..{MAX_TOP_LOGPROBS} (-1 or absent: "
+                               f"none)")
+        return int(value)
+    logprobs = top(names.TOP_LOGPROBS)
+    if logprobs is None and bool(_scalar(inputs, names.RETURN_LOG_PROBS, False)):
+        logprobs = 0
+    return logprobs, top(names.PROMPT_LOGPROBS)
 
 
 def _seed(inputs: dict):

@@ -173,7 +173,9 @@ def orchestrator_request(prompt, cancelled=None, on_send=None, **fields):
     """A speculative_decoding request with inputs typed as its config.pbtxt declares them."""
     dtypes = {names.MAX_TOKENS: np.int32, names.STREAM: np.bool_, names.TEMPERATURE: np.float32,
               names.TOP_P: np.float32, names.TOP_K: np.int32, names.SEED: np.uint64,
-              names.NUM_DRAFT_TOKENS: np.int32, names.CANCEL_GENERATION: np.uint64}
+              names.NUM_DRAFT_TOKENS: np.int32, names.CANCEL_GENERATION: np.uint64,
+              names.RETURN_LOG_PROBS: np.bool_, names.TOP_LOGPROBS: np.int32,
+              names.PROMPT_LOGPROBS: np.int32}
     inputs = {names.INPUT_IDS: np.array(prompt, np.int32)}
     for name, value in fields.items():
         if name in (names.STOP_IDS, names.STOP_LENGTHS):

@@ -6,7 +6,8 @@ import torch
 
 from specdec import names
 from specdec.config import CheckpointError
-from specdec.records import Failure, Proposer, ProposeCall, SlotError, Verdict, VerifyCall
+from specdec.records import (Failure, Proposer, ProposeCall, SlotError, TokenLogprob, Verdict,
+                             VerifyCall)
 from specdec.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.serving.adapter import (ModelCallError, error_response, parameters, read_inputs,
@@ -102,8 +103,13 @@ def test_wire_format_round_trip_and_config_types():
         assert (back.next_k, back.drafts_in_target, back.drafts, back.next_by) == \
             (4, True, [1, 2], by)
     assert one(calls.verify_inputs([VerifyCall(5, 0, [3], [], None, s)])).next_k is None
+    asked = VerifyCall(5, 0, [3, 4], [1], None, SamplingParams(0.75, 5, 0.5, 3), logprobs=3,
+                       prompt_logprobs=0)
+    assert one(calls.verify_inputs([asked])) == asked
+    back = one(calls.verify_inputs([VerifyCall(5, 0, [3], [], None, s)]))
+    assert (back.logprobs, back.prompt_logprobs) == (None, None)
     p_in[names.CALL] = p_in[names.CALL][:, :4]
-    with pytest.raises(ValueError, match=r"call has shape \[1, 4\], expected \[rows, 10\]"):
+    with pytest.raises(ValueError, match=r"call has shape \[1, 4\], expected \[rows, 12\]"):
         calls.propose_call(p_in)
 
 
@@ -137,11 +143,16 @@ def test_a_round_travels_as_one_request_of_rows():
            ("target_model: sequence 3 is not open ✗", False),
            Verdict([3], 0, None, 0.5, Failure.ERROR),            # the drafter failed
            ("no free KV slot", True),
-           Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5, fed=40)]   # a catch-up
+           Verdict([3, 4], 1, [9], 0.002, None, batch_k=6, steps=5, fed=40),   # a catch-up
+           # scored: float32-exact values, -inf (top-k's filtered) and none asked for the prompt
+           Verdict([3, 4], 1, [9], logprobs=[TokenLogprob(-0.25, ((3, -0.25), (7, -1.5))),
+                                             TokenLogprob(-2.0, ((1, -0.5), (4, -2.0)))]),
+           Verdict([5], 0, prompt_logprobs=[TokenLogprob(-3.5), TokenLogprob(float("-inf"))]),
+           Verdict([5], 0, logprobs=[TokenLogprob(-1.0)], prompt_logprobs=[])]
     output = calls.verdict_output(out)
     fake_pb.ModelConfig("target_model").check_outputs([fake_pb.Tensor(names.VERDICT, output)])
     back = calls.verdicts(output)
-    assert [back[i] for i in (0, 1, 3, 5)] == [out[i] for i in (0, 1, 3, 5)]
+    assert [back[i] for i in (0, 1, 3, 5, 6, 7, 8)] == [out[i] for i in (0, 1, 3, 5, 6, 7, 8)]
     for i in (2, 4):
         assert isinstance(back[i], SlotError)
         assert (str(back[i]), back[i].unavailable) == out[i]

@@ -82,6 +82,68 @@ def test_streamed_equals_non_streamed_equals_in_process(serving, checkpoints, te
     assert max(serving.gauge.history) == 4          # orchestrator max_sequences: 4 at a time
 
 
+def _scored(request, values, ids=None, top=None):
+    """A logprob output over a request's responses: values [n] and, named, ids [n, top]."""
+    rs = [r for r in request.sender.responses()
+          if fake_pb.get_output_tensor_by_name(r, values) is not None]
+    got = [(v, list(zip(i, t))) if ids else (v, [])
+           for r in rs for v, i, t in zip(out(r, values).tolist(),
+                                          *((out(r, ids).tolist(), out(r, top).tolist()) if ids
+                                            else ([[]] * len(out(r, values)),) * 2))]
+    return rs, got
+
+
+def test_logprobs_travel_with_their_tokens_over_the_wire(serving, checkpoints):
+    """The target's logprobs cross target_model's wire and leave in the responses that carry
+    their tokens, the prompt's in the first: as the in-process loop scores them."""
+    from tests.core.test_logprobs import TOL
+    orch = serving.orchestrator()
+    fields = dict(max_tokens=12, num_draft_tokens=3, top_logprobs=2, prompt_logprobs=1)
+    requests = [orchestrator_request(PROMPTS[0], stream=s, **fields) for s in (False, True)]
+    run_all(orch, requests)
+    target, draft = checkpoints
+    cpu = torch.device("cpu")
+    t = Engine(load_model(target, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu)
+    d = Engine(load_model(draft, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu,
+               vocab_size=t.model.args.vocab_size)
+    chunks = []
+    asyncio.run(speculate(1, Request(PROMPTS[0], 12, 3, logprobs=2, prompt_logprobs=1,
+                                     proposer="hybrid"),
+                          LocalDrafter(d), LocalVerifier(t), MAX_SEQ_LEN, chunks.append,
+                          ngram=NgramProposer()))
+    want = [(lp.logprob, list(lp.top)) for c in chunks for lp in c.logprobs]
+    want_prompt = [(lp.logprob, list(lp.top)) for lp in chunks[0].prompt_logprobs]
+    for r in requests:
+        assert_one_final(r)
+        assert output_ids(r) == [tok for c in chunks for tok in c.tokens]
+        _, got = _scored(r, names.OUTPUT_LOG_PROBS, names.TOP_LOGPROB_IDS,
+                         names.TOP_LOGPROB_VALUES)
+        assert len(got) == len(want) == 12
+        for (v, top), (w, wtop) in zip(got, want):
+            assert v == pytest.approx(w, abs=TOL)
+            assert [i for i, _ in top] == [i for i, _ in wtop]
+        rs, got = _scored(r, names.PROMPT_LOG_PROBS, names.PROMPT_TOP_LOGPROB_IDS,
+                          names.PROMPT_TOP_LOGPROB_VALUES)
+        assert rs == r.sender.responses()[:1] and len(got) == len(PROMPTS[0]) - 1
+        assert [v for v, _ in got] == pytest.approx([w for w, _ in want_prompt], abs=TOL)
+    # Each streamed response carries its own new tokens' logprobs.
+    for resp in requests[1].sender.responses():
+        new = len(out(resp, names.OUTPUT_IDS)) - int(out(resp, names.PREFIX_LENGTH)[0])
+        assert len(out(resp, names.OUTPUT_LOG_PROBS)) == new
+    # The prompt scored alone (max_tokens 0); max_tokens 0 without it is refused above.
+    alone = orchestrator_request(PROMPTS[1], max_tokens=0, prompt_logprobs=0)
+    plain = orchestrator_request(PROMPTS[1], max_tokens=4)
+    run_all(orch, [alone, plain])
+    (resp,) = alone.sender.responses()
+    assert output_ids(alone) == [] and finish_reason(resp) == "length"
+    assert len(out(resp, names.PROMPT_LOG_PROBS)) == len(PROMPTS[1]) - 1
+    assert fake_pb.get_output_tensor_by_name(resp, names.PROMPT_TOP_LOGPROB_IDS) is None
+    assert all(fake_pb.get_output_tensor_by_name(r, n) is None
+               for r in plain.sender.responses()
+               for n in (names.OUTPUT_LOG_PROBS, names.PROMPT_LOG_PROBS))
+    assert_all_released(serving)
+
+
 def test_stream_windows_overlap_the_shown_ids(serving):
     orch = serving.orchestrator()
     r = orchestrator_request(PROMPTS[0], stream=True, max_tokens=30, num_draft_tokens=2)
@@ -127,6 +189,8 @@ def test_stop_and_eos(serving):
     (dict(max_tokens=0), names.MAX_TOKENS),
     (dict(num_draft_tokens=99), names.NUM_DRAFT_TOKENS),
     (dict(temperature=float("nan")), names.TEMPERATURE),
+    (dict(top_logprobs=21), names.TOP_LOGPROBS),
+    (dict(prompt_logprobs=-2), names.PROMPT_LOGPROBS),
 ])
 def test_invalid_input_is_one_final_invalid_arg(serving, fields, field):
     orch = serving.orchestrator()
@@ -316,7 +380,7 @@ def test_target_errors_are_per_row_and_per_request(serving):
                                     call(3, 0, [11], [])), unreadable,
                                 req(call(5, 0, [12, 13], [14]))])
     assert [r.has_error() for r in responses] == [False, True, False]
-    assert "expected [rows, 10]" in responses[1].error().message()
+    assert "expected [rows, 12]" in responses[1].error().message()
     fake_pb.ModelConfig("target_model").check_outputs(responses[0].output_tensors())
     rows = calls.verdicts(out(responses[0], names.VERDICT)) + \
         calls.verdicts(out(responses[2], names.VERDICT))
