@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from . import protocol, tools
 from .limits import Limits
 from .protocol import ApiError, Generation
-from .triton import SpecDecoding, TritonError, api_error
+from .logprobs import TokenText
+from .triton import PROMPT_SCORED, SCORED, SpecDecoding, TritonError, api_error
 
 DISCONNECT_POLL_S = 0.25
 
@@ -34,6 +35,7 @@ def create_app(server: SpecDecoding, tokenizer, served: str,
     created = int(time.time())
     gateway = replace(limits.gateway,
                       tool_parser=tools.choose(limits.gateway.tool_parser, tokenizer))
+    text_of = TokenText(tokenizer)   # a scored token's text, for logprobs
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, e: ApiError) -> JSONResponse:
@@ -58,12 +60,12 @@ def create_app(server: SpecDecoding, tokenizer, served: str,
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await _serve(request, server, protocol.parse_chat(
-            await _body(request), served, tokenizer, limits.server, gateway))
+            await _body(request), served, tokenizer, limits.server, gateway), text_of)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _serve(request, server, protocol.parse_completion(
-            await _body(request), served, limits.server, gateway))
+            await _body(request), served, limits.server, gateway), text_of)
 
     @app.get("/health")
     async def health() -> Response:
@@ -90,10 +92,11 @@ async def _body(request: Request) -> Any:
         raise ApiError(400, "the request body is not valid JSON") from None
 
 
-async def _serve(request: Request, server: SpecDecoding, gen: Generation) -> Response:
+async def _serve(request: Request, server: SpecDecoding, gen: Generation,
+                 text_of: TokenText) -> Response:
     rid = protocol.new_id(gen.chat)
     if gen.stream:
-        return await _stream(server, gen, rid)
+        return await _stream(server, gen, rid, text_of)
     tasks = [asyncio.ensure_future(server.collect(gen, p)) for p in gen.choice_params()]
     try:
         while True:   # a client that leaves cancels its generations
@@ -106,14 +109,16 @@ async def _serve(request: Request, server: SpecDecoding, gen: Generation) -> Res
                 break
             if await request.is_disconnected():
                 return Response(status_code=499)
-        results = [t.result().result(streamed=False) for t in tasks]
+        collected = [t.result() for t in tasks]
+        results = [c.result(streamed=False) for c in collected]
     except TritonError as e:
         raise api_error(e, gen) from None
     finally:
         for t in tasks:
             if not t.done():
                 t.cancel()
-    return JSONResponse(protocol.response(gen, rid, results))
+    scored = [(getattr(c, "scored", None), getattr(c, "prompt_scored", None)) for c in collected]
+    return JSONResponse(protocol.response(gen, rid, results, text_of, scored))
 
 
 async def _first(responses: AsyncIterator[dict]) -> dict | None:
@@ -123,8 +128,10 @@ async def _first(responses: AsyncIterator[dict]) -> dict | None:
         return None
 
 
-async def _stream(server: SpecDecoding, gen: Generation, rid: str) -> Response:
-    streams = [server.generate(gen.prompt, p, True, gen.keep_ids) for p in gen.choice_params()]
+async def _stream(server: SpecDecoding, gen: Generation, rid: str,
+                  text_of: TokenText) -> Response:
+    streams = [server.generate(gen.prompt, p, True, gen.keep_ids, gen.extra_inputs())
+               for p in gen.choice_params()]
     tasks = [asyncio.ensure_future(_first(s)) for s in streams]
     try:
         firsts = await asyncio.gather(*tasks)
@@ -137,8 +144,8 @@ async def _stream(server: SpecDecoding, gen: Generation, rid: str) -> Response:
         if isinstance(e, TritonError):
             raise api_error(e, gen) from None
         raise
-    return StreamingResponse(_events(gen, rid, firsts, streams), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store"})
+    return StreamingResponse(_events(gen, rid, firsts, streams, text_of),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
 async def _merged(firsts: list[dict | None], streams: list[AsyncIterator[dict]]
@@ -182,35 +189,60 @@ async def _merged(firsts: list[dict | None], streams: list[AsyncIterator[dict]]
             await s.aclose()
 
 
+class _Scores:
+    """A streamed choice's logprobs not yet sent, and where its text offset stands."""
+
+    def __init__(self, gen: Generation, text_of: TokenText):
+        self.gen, self.text_of, self.pending, self.offset = gen, text_of, [], 0
+
+    def take(self, prompt_scored: list | None = None) -> dict | None:
+        """The logprobs field of the next chunk: what is pending (after the echoed prompt's)."""
+        lp = protocol.choice_logprobs(self.gen, self.text_of, self.pending, prompt_scored,
+                                      self.offset)
+        if lp is not None and "text_offset" in lp and lp["tokens"]:
+            self.offset = lp["text_offset"][-1] + len(lp["tokens"][-1])
+        self.pending = []
+        return lp
+
+
 async def _events(gen: Generation, rid: str, firsts: list[dict | None],
-                  streams: list[AsyncIterator[dict]]) -> AsyncIterator[str]:
+                  streams: list[AsyncIterator[dict]], text_of: TokenText) -> AsyncIterator[str]:
     """SSE: a chunk per piece of text (or tool call) of each choice, each choice's finish chunk,
-    the usage chunk if asked, [DONE]."""
+    the usage chunk if asked, [DONE]. With echo a choice's first chunk is the prompt; a chunk's
+    logprobs are those of the tokens that came since the last chunk."""
     from specdec_client.stream import Collector
     created = int(time.time())
     collectors = [Collector() for _ in streams]
     readers = [tools.Stream(gen.tool_parser) if gen.tool_parser else None for _ in streams]
+    scores = [_Scores(gen, text_of) for _ in streams]
     calls = [0] * len(streams)
     results = [None] * len(streams)
-    if gen.chat:
-        for i in range(len(streams)):
+    for i in range(len(streams)):
+        if gen.chat:
             yield _sse(protocol.chunk(gen, rid, created, None, first=True, index=i))
+        elif gen.echo:
+            prompt_scored = (firsts[i] or {}).get(PROMPT_SCORED)
+            yield _sse(protocol.chunk(gen, rid, created, gen.prompt, index=i,
+                                      logprobs=scores[i].take(prompt_scored)))
     merged = _merged(firsts, streams)
     try:
         async for i, outputs in merged:
             if outputs is not None:
                 piece = collectors[i].add(outputs)
+                scores[i].pending += outputs.get(SCORED) or []
                 if piece:
                     for event in _choice(gen, rid, created, i, readers[i].feed(piece)
-                                         if readers[i] else [piece], calls):
+                                         if readers[i] else [piece], calls, scores[i]):
                         yield event
                 continue
             if readers[i]:
-                for event in _choice(gen, rid, created, i, readers[i].close(), calls):
+                for event in _choice(gen, rid, created, i, readers[i].close(), calls,
+                                     scores[i]):
                     yield event
             result = results[i] = collectors[i].result(streamed=True)
             finish = "tool_calls" if calls[i] else protocol.finish_reason(result)
-            end = protocol.chunk(gen, rid, created, None, finish=finish, index=i)
+            end = protocol.chunk(gen, rid, created, None, finish=finish, index=i,
+                                 logprobs=scores[i].take() if scores[i].pending else None)
             end["specdec"] = protocol.speculation(result)
             yield _sse(end)
     except TritonError as e:   # after the first byte, the error goes in the stream
@@ -225,11 +257,13 @@ async def _events(gen: Generation, rid: str, firsts: list[dict | None],
 
 
 def _choice(gen: Generation, rid: str, created: int, i: int, events: list,
-            calls: list[int]) -> Iterator[str]:
-    """Choice i's chunks: its pieces of content, and each call as OpenAI streams one."""
+            calls: list[int], scores: _Scores) -> Iterator[str]:
+    """Choice i's chunks: its pieces of content, with the logprobs of the tokens since the
+    last, and each call as OpenAI streams one."""
     for event in events:
         if isinstance(event, str):
-            yield _sse(protocol.chunk(gen, rid, created, event, index=i))
+            yield _sse(protocol.chunk(gen, rid, created, event, index=i,
+                                      logprobs=scores.take() if scores.pending else None))
             continue
         for delta in protocol.call_deltas(gen, calls[i], event):
             yield _sse(protocol.chunk(gen, rid, created, None, index=i, tool_calls=delta))

@@ -1,8 +1,9 @@
 """OpenAI request bodies in, OpenAI responses and stream chunks out.
 
 A body is checked field by field: what is implemented becomes the ensemble's GenerationParams,
-what is not (logprobs, tool_choice required, response formats, penalties, ...) is a 400 naming
-the parameter, and so is a field OpenAI's API does not define. `n` choices are n requests to the
+what is not (tool_choice required, response formats, penalties, ...) is a 400 naming
+the parameter, and so is a field OpenAI's API does not define. Logprobs and echo are the
+orchestrator's logprob inputs (logprobs.py shapes what comes back). `n` choices are n requests to the
 orchestrator, one response; tools go to the chat template, and calls are read out of the text
 (tools.py). The speculative extras
 (`num_draft_tokens`, `proposer`, and `top_k`) come as top-level fields, which is where the
@@ -17,9 +18,11 @@ from typing import Any
 
 from specdec_client import GenerationParams, Result
 
-from ..records import Finish
+from .. import names
+from ..records import MAX_TOP_LOGPROBS, Finish
 from ..serving.settings import OrchestratorSettings
 from . import tools
+from .logprobs import chat as chat_logprobs, completion as completion_logprobs
 from .limits import GatewaySettings
 
 # Fields of OpenAI's request bodies that change nothing here (identification, storage, routing).
@@ -73,6 +76,23 @@ class Generation:
     n: int = 1                   # choices: n requests, choice i seeded seed + i
     tool_parser: str | None = None   # the format calls are read in; None: text only
     keep_ids: frozenset[int] = field(default_factory=frozenset)   # markers decoded as text
+    # Each output token's logprob with this many alternatives (None: not asked); the prompt's
+    # (completions' echo); the prompt in the text (echo); the prompt alone scored (max_tokens 0).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    echo: bool = False
+    score_only: bool = False
+
+    def extra_inputs(self) -> dict[str, int]:
+        """The orchestrator's inputs that GenerationParams does not hold."""
+        out = {}
+        if self.logprobs is not None:
+            out[names.TOP_LOGPROBS] = self.logprobs
+        if self.prompt_logprobs is not None:
+            out[names.PROMPT_LOGPROBS] = self.prompt_logprobs
+        if self.score_only:
+            out[names.MAX_TOKENS] = 0
+        return out
 
     def choice_params(self) -> list[GenerationParams]:
         """Each choice's parameters: its own seed stream where a seed is given (without one,
@@ -214,8 +234,12 @@ def parse_chat(body: dict, served: str, tokenizer,
                gateway: GatewaySettings = GatewaySettings(tool_parser="none")) -> Generation:
     """gateway.tool_parser: resolved for this tokenizer (tools.choose), never auto."""
     _common(body, CHAT_FIELDS, served)
-    _must_be(body, "logprobs", (None, False), "log probabilities")
-    _must_be(body, "top_logprobs", (None, 0), "log probabilities")
+    asked = body.get("logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise bad("logprobs", "expected true or false")
+    top = _top(body, "top_logprobs")
+    if top and not asked:
+        raise bad("top_logprobs", "needs logprobs: true")
     _must_be(body, "functions", (None, []), "function calling")
     _must_be(body, "function_call", (None, "none"), "function calling")
     _must_be(body, "modalities", (None, ["text"]), "an output other than text")
@@ -231,17 +255,22 @@ def parse_chat(body: dict, served: str, tokenizer,
     parser = gateway.tool_parser if offered and gateway.tool_parser in tools.PARSERS else None
     return Generation(True, body["model"], prompt, _params(body, max_param, server), stream,
                       usage, max_param, n, parser,
-                      tools.kept_ids(tokenizer, parser) if parser else frozenset())
+                      tools.kept_ids(tokenizer, parser) if parser else frozenset(),
+                      logprobs=(top or 0) if asked else None)
 
 
 def parse_completion(body: dict, served: str,
                      server: OrchestratorSettings = OrchestratorSettings(),
                      gateway: GatewaySettings = GatewaySettings()) -> Generation:
     _common(body, COMPLETION_FIELDS, served)
-    _must_be(body, "echo", (None, False), "echoing the prompt")
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise bad("echo", "expected true or false")
     _must_be(body, "suffix", (None, ""), "a suffix (insertion)")
     _must_be(body, "best_of", (None, 1), "a value other than 1")
-    _must_be(body, "logprobs", (None, 0), "log probabilities")
+    top = _top(body, "logprobs")
+    # max_tokens 0 with echo scores the prompt alone (an evaluation harness's request).
+    score_only = echo and body.get("max_tokens") == 0
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -251,8 +280,18 @@ def parse_completion(body: dict, served: str,
     if not prompt:
         raise bad("prompt", "empty")
     stream, usage = _stream_flags(body)
-    return Generation(False, body["model"], prompt, _params(body, "max_tokens", server), stream,
-                      usage, "max_tokens", _n(body, gateway))
+    params = _params({**body, "max_tokens": None} if score_only else body, "max_tokens", server)
+    return Generation(False, body["model"], prompt, params, stream, usage, "max_tokens",
+                      _n(body, gateway), logprobs=top,
+                      prompt_logprobs=top if echo and top is not None else
+                      0 if score_only else None, echo=echo, score_only=score_only)
+
+
+def _top(body: dict, name: str) -> int | None:
+    top = _integer(body, name, 0)
+    if top is not None and top > MAX_TOP_LOGPROBS:
+        raise bad(name, f"{top} is outside 0..{MAX_TOP_LOGPROBS}")
+    return top
 
 
 def messages(raw: Any) -> list[dict[str, Any]]:
@@ -367,16 +406,30 @@ def message(gen: Generation, result: Result) -> tuple[dict, str]:
     return out, "tool_calls" if calls else finish_reason(result)
 
 
-def response(gen: Generation, rid: str, results: Result | list[Result]) -> dict:
+def choice_logprobs(gen: Generation, text_of, scored: list | None,
+                    prompt_scored: list | None = None, offset: int = 0) -> dict | None:
+    """A choice's (or a chunk's) logprobs field: the echoed prompt's tokens first; None where
+    the request asked for none."""
+    if gen.logprobs is None:
+        return None
+    if gen.chat:
+        return chat_logprobs(text_of, scored or [])
+    return completion_logprobs(text_of, (prompt_scored or []) + (scored or []), offset)[0]
+
+
+def response(gen: Generation, rid: str, results: Result | list[Result], text_of=None,
+             scored: list[tuple[list, list | None]] | None = None) -> dict:
+    """scored: each choice's (its tokens' scored, the prompt's), where the request asked."""
     choices = []
     for i, result in enumerate(_each(results)):
+        lp = choice_logprobs(gen, text_of, *scored[i]) if scored else None
         if gen.chat:
             said, finish = message(gen, result)
-            choices.append({"index": i, "message": said, "logprobs": None,
+            choices.append({"index": i, "message": said, "logprobs": lp,
                             "finish_reason": finish})
         else:
-            choices.append({"index": i, "text": result.text, "logprobs": None,
-                            "finish_reason": finish_reason(result)})
+            choices.append({"index": i, "text": (gen.prompt if gen.echo else "") + result.text,
+                            "logprobs": lp, "finish_reason": finish_reason(result)})
     return {"id": rid, "object": "chat.completion" if gen.chat else "text_completion",
             "created": int(time.time()), "model": gen.model, "choices": choices,
             "usage": usage(results), "specdec": speculation(results)}
@@ -384,19 +437,19 @@ def response(gen: Generation, rid: str, results: Result | list[Result]) -> dict:
 
 def chunk(gen: Generation, rid: str, created: int, text: str | None,
           finish: str | None = None, first: bool = False, index: int = 0,
-          tool_calls: list[dict] | None = None) -> dict:
+          tool_calls: list[dict] | None = None, logprobs: dict | None = None) -> dict:
     """A stream chunk of choice `index` carrying `text` or `tool_calls` (or, with `finish`, the
-    end of the choice)."""
+    end of the choice), and the logprobs of the tokens it carries."""
     if gen.chat:   # the first chunk names the role
         delta: dict = {"role": "assistant", "content": ""} if first else {}
         if text:
             delta["content"] = text
         if tool_calls:
             delta["tool_calls"] = tool_calls
-        choice: dict = {"index": index, "delta": delta, "logprobs": None,
+        choice: dict = {"index": index, "delta": delta, "logprobs": logprobs,
                         "finish_reason": finish}
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None,
+        choice = {"index": index, "text": text or "", "logprobs": logprobs,
                   "finish_reason": finish}
     out = {"id": rid, "object": "chat.completion.chunk" if gen.chat else "text_completion",
            "created": created, "model": gen.model, "choices": [choice]}

@@ -34,6 +34,7 @@ from specdec_client.grpc_transport import (infer_inputs, outputs_from_infer_resu
                                            parse_version, stream_headers)
 from specdec_client.stream import Collector
 
+from . import logprobs
 from .protocol import ApiError, Generation
 
 FACTS_TTL_S = 60.0
@@ -44,7 +45,11 @@ PARAMS = {names.TEMPERATURE: "temperature", names.TOP_P: "top_p", names.TOP_K: "
           names.STOP_WORDS: "stop", names.PROPOSER: "proposer"}
 # The orchestrator's inputs: the token ids preprocessing makes, and the ensemble's others.
 DATATYPES = {**INPUT_DATATYPES, names.INPUT_IDS: "INT32", names.STOP_IDS: "INT32",
-             names.STOP_LENGTHS: "INT32"}
+             names.STOP_LENGTHS: "INT32", names.TOP_LOGPROBS: "INT32",
+             names.PROMPT_LOGPROBS: "INT32"}
+# What a response's outputs hold besides the orchestrator's own: its new tokens' logprobs and
+# the prompt's (logprobs.Scored lists), where the request asked.
+SCORED, PROMPT_SCORED = "scored", "prompt_scored"
 # "field: reason", as the orchestrator refuses a request (prefixed "in ensemble 'x', " by a
 # Triton ensemble).
 _REFUSAL = re.compile(r"(?:in ensemble '[^']*', )?(\w+): (.*)", re.S)
@@ -97,18 +102,20 @@ class SpecDecoding:
             return False
 
     def inputs(self, prompt: str, params: GenerationParams, stream: bool,
-               ranks: dict[str, int]) -> list[Any]:
-        """The request's tensors, as preprocessing would hand them to the orchestrator; a
-        request over the limits is refused before the tokenizer runs."""
+               ranks: dict[str, int], extra: dict[str, int] | None = None
+               ) -> tuple[list[Any], list[int]]:
+        """The request's tensors, as preprocessing would hand them to the orchestrator, and
+        the prompt's ids; a request over the limits is refused before the tokenizer runs.
+        extra: inputs GenerationParams does not hold (Generation.extra_inputs)."""
         fields = params.fields()
         ids, stop_ids, stop_lengths = encode_request(
             self.tokenizer, prompt, fields.pop(names.STOP_WORDS, []), self.limits)
         rows: dict[str, list] = {names.INPUT_IDS: ids, names.STREAM: [stream]}
         if stop_ids:
             rows[names.STOP_IDS], rows[names.STOP_LENGTHS] = stop_ids, stop_lengths
-        for name, value in fields.items():
+        for name, value in {**fields, **(extra or {})}.items():
             rows[name] = [value.encode() if isinstance(value, str) else value]
-        return infer_inputs(rows, DATATYPES, ranks)
+        return infer_inputs(rows, DATATYPES, ranks), ids
 
     def _decode(self, ids: list[int], keep: frozenset[int] = frozenset()) -> str:
         """keep: special ids shown as text all the same (a tool call's marker, for its parser)."""
@@ -123,16 +130,18 @@ class SpecDecoding:
         return "".join(text) + decode_ids(self.tokenizer, ids[start:])
 
     async def generate(self, prompt: str, params: GenerationParams, stream: bool,
-                       keep: frozenset[int] = frozenset()) -> AsyncIterator[dict[str, Any]]:
-        """The outputs of each response, its text included; TritonError for an error, the
-        server's or the connection's (or a request over the limits). Leaving early (an exception
-        or cancellation in the consumer) cuts the stream, which ends the generation. keep: see
-        _decode."""
+                       keep: frozenset[int] = frozenset(), extra: dict[str, int] | None = None
+                       ) -> AsyncIterator[dict[str, Any]]:
+        """The outputs of each response, its text included, and its scored tokens where the
+        request asked (SCORED, PROMPT_SCORED); TritonError for an error, the server's or the
+        connection's (or a request over the limits). Leaving early (an exception or
+        cancellation in the consumer) cuts the stream, which ends the generation. keep: see
+        _decode; extra: see inputs."""
         import grpc
         decode = self._decode if not keep else lambda ids: self._decode(ids, keep)
         headers, ranks = await self.facts()
         try:
-            inputs = self.inputs(prompt, params, stream, ranks)
+            inputs, prompt_ids = self.inputs(prompt, params, stream, ranks, extra)
         except InvalidInput as e:
             raise TritonError(str(e), "StatusCode.INVALID_ARGUMENT") from None
 
@@ -157,20 +166,29 @@ class SpecDecoding:
                 outputs = outputs_from_infer_result(result)
                 ids = result.as_numpy(names.OUTPUT_IDS)
                 if ids is not None:
+                    ids = ids.reshape(-1).tolist()
+                    prefix = int(result.as_numpy(names.PREFIX_LENGTH).reshape(-1)[0])
                     outputs[names.TEXT_OUTPUT] = piece(
-                        decode, ids.reshape(-1).tolist(),
-                        int(result.as_numpy(names.PREFIX_LENGTH).reshape(-1)[0]),
+                        decode, ids, prefix,
                         bool(result.as_numpy(names.IS_FINAL).reshape(-1)[0]), self.byte_of)
+                    if extra:
+                        outputs[SCORED], outputs[PROMPT_SCORED] = logprobs.of_response(
+                            result, ids[prefix:], prompt_ids)
                 yield outputs
         finally:
             if not ended:
                 responses.cancel()
 
     async def collect(self, gen: Generation, params: GenerationParams | None = None) -> Collector:
-        """One choice's whole answer (params: that choice's, gen.params by default)."""
+        """One choice's whole answer (params: that choice's, gen.params by default), its scored
+        tokens in the collector's `scored` and `prompt_scored`."""
         collector = Collector()
-        async for outputs in self.generate(gen.prompt, params or gen.params, False, gen.keep_ids):
+        collector.scored, collector.prompt_scored = [], None
+        async for outputs in self.generate(gen.prompt, params or gen.params, False, gen.keep_ids,
+                                           gen.extra_inputs()):
             collector.add(outputs)
+            collector.scored += outputs.get(SCORED) or []
+            collector.prompt_scored = outputs.get(PROMPT_SCORED) or collector.prompt_scored
         return collector
 
 

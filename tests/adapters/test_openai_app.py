@@ -33,7 +33,7 @@ class Scripted:
         self.script, self.fail_seed = script, fail_seed
         self.sent, self.closed = [], 0
 
-    async def generate(self, prompt, params, stream, keep=frozenset()):
+    async def generate(self, prompt, params, stream, keep=frozenset(), extra=None):
         self.sent.append(params)
         try:
             pieces = self.script(params)
@@ -197,7 +197,7 @@ def test_tool_calls_answered_whole_and_streamed(hermes):
 class Endless(Scripted):
     """A generation that runs until it is stopped, a piece every 10 ms."""
 
-    async def generate(self, prompt, params, stream, keep=frozenset()):
+    async def generate(self, prompt, params, stream, keep=frozenset(), extra=None):
         self.sent.append(params)
         try:
             for k in range(1000):

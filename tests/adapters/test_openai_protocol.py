@@ -69,7 +69,8 @@ def test_messages_roles_and_text_parts():
 
 @pytest.mark.parametrize("body, param", [
     ({"n": 9}, "n"), ({"n": 0}, "n"), ({"n": 1.5}, "n"),
-    ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{}]}, "functions"), ({"response_format": {"type": "json_schema"}},
                                          "response_format"),
@@ -157,9 +158,26 @@ def test_completion_prompts():
     assert parse_completion({"model": "m", "prompt": ["one"]}, "m").prompt == "one"
     for prompt in (["a", "b"], [1, 2, 3], "", None):
         refused(lambda: parse_completion({"model": "m", "prompt": prompt}, "m"), "prompt")
-    for body, param in (({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
-                        ({"best_of": 2}, "best_of"), ({"logprobs": 1}, "logprobs")):
+    for body, param in (({"echo": 1}, "echo"), ({"suffix": "x"}, "suffix"),
+                        ({"best_of": 2}, "best_of"), ({"logprobs": 21}, "logprobs"),
+                        ({"logprobs": -1}, "logprobs"), ({"max_tokens": 0}, "max_tokens")):
         refused(lambda: parse_completion({"model": "m", "prompt": "p", **body}, "m"), param)
+
+
+def test_logprobs_and_echo_become_the_orchestrators_logprob_inputs():
+    from specdec import names
+    gen = parse_completion({"model": "m", "prompt": "p", "logprobs": 3, "echo": True,
+                            "max_tokens": 0}, "m")
+    assert (gen.logprobs, gen.prompt_logprobs, gen.echo, gen.score_only) == (3, 3, True, True)
+    assert gen.extra_inputs() == {names.TOP_LOGPROBS: 3, names.PROMPT_LOGPROBS: 3,
+                                  names.MAX_TOKENS: 0}
+    gen = parse_completion({"model": "m", "prompt": "p", "echo": True, "max_tokens": 0}, "m")
+    assert gen.extra_inputs() == {names.PROMPT_LOGPROBS: 0, names.MAX_TOKENS: 0}
+    gen = parse_completion({"model": "m", "prompt": "p", "logprobs": 0}, "m")
+    assert gen.extra_inputs() == {names.TOP_LOGPROBS: 0} and not gen.echo
+    assert chat(logprobs=True, top_logprobs=5).extra_inputs() == {names.TOP_LOGPROBS: 5}
+    assert chat(logprobs=True).extra_inputs() == {names.TOP_LOGPROBS: 0}
+    assert chat(logprobs=False).extra_inputs() == chat().extra_inputs() == {}
 
 
 def test_a_tokenizer_without_a_template_refuses_chat():

@@ -146,7 +146,8 @@ def test_stop_seed_and_the_speculative_extras(client, triton):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"n": 9}, "n"), ({"logprobs": True}, "logprobs"),
+    ({"n": 9}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
@@ -164,6 +165,89 @@ def test_what_is_not_implemented_or_out_of_range_is_a_400_naming_the_parameter(c
         client.chat.completions.create(model="specdec-chat", messages=CHAT, **kwargs)
     assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
     assert e.value.body["message"].startswith(f"{param}: ")
+
+
+def target_logprobs(ids: list[int]):
+    """transformers' log-softmax of the default target (float32, as served) [len(ids) - 1, V]:
+    row i scores ids[i + 1]."""
+    import torch
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(TARGET), dtype=torch.float32)
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].double(), -1)
+
+
+LOGPROB_TOL = 1e-4   # float32: our kernels' rounding against transformers'
+
+
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(client):
+    """max_tokens 0, echo, logprobs: the prompt's tokens and the target's logprobs of each,
+    the first null (OpenAI's legacy completions)."""
+    r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=0, echo=True,
+                                  logprobs=2, temperature=0)
+    (choice,) = r.choices
+    tok = load_tokenizer(str(TARGET))
+    ids = tok(PROMPT)["input_ids"]
+    ref = target_logprobs(ids)
+    lp = choice.logprobs
+    assert choice.text == PROMPT and r.usage.completion_tokens == 0
+    assert len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(
+        [ref[i, t].item() for i, t in enumerate(ids[1:])], abs=LOGPROB_TOL)
+    for row, top in zip(ref, lp.top_logprobs[1:]):
+        best = row.topk(2)
+        assert [v for v in top.values()][:2] == pytest.approx(best.values.tolist(),
+                                                              abs=LOGPROB_TOL)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+
+def test_greedy_logprobs_are_the_targets_with_speculation_on_and_off(client, triton):
+    """Each generated token's logprob and alternatives, drafted by any proposer or none:
+    the same tokens, the same values, the target's own."""
+    tok = load_tokenizer(str(TARGET))
+    seen = []
+    for extra in ({"num_draft_tokens": 0}, {"num_draft_tokens": 4, "proposer": "draft"},
+                  {"num_draft_tokens": 4, "proposer": "ngram"}, {}):
+        r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=16,
+                                      temperature=0, logprobs=3, echo=True, extra_body=extra)
+        lp = r.choices[0].logprobs
+        seen.append((r.choices[0].text, lp.tokens, lp.token_logprobs,
+                     [list(t) for t in lp.top_logprobs[1:]]))
+        if extra:
+            stats = r.model_extra["specdec"]
+            assert (stats["total_draft_tokens"] > 0) == bool(extra["num_draft_tokens"])
+    assert all(s[0] == seen[0][0] and s[1] == seen[0][1] and s[3] == seen[0][3] for s in seen)
+    for s in seen[1:]:
+        assert s[2][1:] == pytest.approx(seen[0][2][1:], abs=LOGPROB_TOL)
+    text, tokens, values, _ = seen[0]
+    ids = tok(PROMPT)["input_ids"]
+    generated = generate(triton.http, PROMPT, greedy(16)).text
+    assert text == PROMPT + generated
+    ref = target_logprobs(tok(PROMPT + generated)["input_ids"])
+    n = len(ids)
+    assert len(tokens) == n + r.usage.completion_tokens
+    # The generated tokens' values, against transformers over prompt and output.
+    out_ids = tok(PROMPT + generated)["input_ids"][n:]
+    assert len(out_ids) == r.usage.completion_tokens   # the text retokenizes to its ids
+    assert values[n:] == pytest.approx([ref[n - 1 + i, t].item()
+                                        for i, t in enumerate(out_ids)], abs=LOGPROB_TOL)
+
+
+def test_chat_logprobs_streamed_and_not(client):
+    kw = dict(model="specdec-chat", messages=CHAT, max_tokens=12, temperature=0,
+              logprobs=True, top_logprobs=2)
+    r = client.chat.completions.create(**kw)
+    whole = r.choices[0].logprobs.content
+    assert len(whole) == r.usage.completion_tokens
+    assert "".join(e.token for e in whole) == r.choices[0].message.content
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-6
+               for e in whole)
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole]
+    plain = client.chat.completions.create(**{**kw, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
 
 
 def test_an_empty_logit_bias_changes_nothing(client, triton):
