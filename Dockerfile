@@ -50,8 +50,10 @@ RUN python3 -m pip install --ignore-installed pip==26.3 setuptools==80.10.2 \
 # pure-Python) wheels on PyPI: checked with `pip install --dry-run --python-version 3.12
 # --only-binary=:all:` together with the pins above, which they leave as they are (numpy stays
 # 1.26.4: tritonclient's ml-dtypes needs >= 1.26.0 on Python 3.12).
+# llguidance (an abi3 wheel, no dependencies): the grammar of structured outputs.
 RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 uvloop==0.23.0 \
-        httptools==0.9.0 pydantic==2.14.3 tritonclient==2.73.0 grpcio==1.85.1 protobuf==6.33.6
+        httptools==0.9.0 pydantic==2.14.3 tritonclient==2.73.0 grpcio==1.85.1 protobuf==6.33.6 \
+        llguidance==1.9.1
 # A C compiler and Python's headers for triton (torch's CUDA wheel brings triton 3.7.1): it
 # compiles each kernel's launcher when the kernel is first loaded, and the exact mode's linear
 # layers run a Triton kernel on CUDA (specdec/invariant_gemm.py). Without them the load probe

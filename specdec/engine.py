@@ -27,7 +27,7 @@ from .kv_cache import KVCache, SlotPool
 from .logprobs import scored
 from .model import Transformer
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
-from .sampling import BatchSampling, probabilities
+from .sampling import BatchSampling, apply_token_masks, probabilities
 from .transfer import to_device
 from .verify import verify as verify_drafts, verify_greedy
 from .weights import load_model
@@ -220,6 +220,8 @@ class Engine:
         hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
         s = BatchSampling.stack([c.sampling for c in cs], self.device)
         logits = self._logits(hidden)                                      # [B, K+1, V]
+        if any(c.masks is not None for c in cs):   # a grammar's: the target's choice within it
+            logits = apply_token_masks(logits, [c.masks for c in cs])
         drafts = to_device([c.drafts + [0] * (k_max - len(c.drafts)) for c in cs], self.device)
         num_drafts = to_device(ks, self.device)
         if s.all_greedy:

@@ -31,6 +31,12 @@ from .records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Re
                       Stats, TokenLogprob, Verdict, VerifyCall)
 
 
+class Constraint(Protocol):
+    """A request's grammar (grammar.Constraint)."""
+    def masks(self, drafts: list[int]) -> tuple[int, object]: ...
+    def commit(self, tokens: list[int]) -> None: ...
+
+
 class Verifier(Protocol):
     async def verify(self, call: VerifyCall) -> Verdict: ...
     async def release(self, seq_id: int) -> None: ...
@@ -103,7 +109,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     on_round: Callable[[Round], None] | None = None,
                     policy: Policy | None = None, draft_timeout_s: float | None = None,
                     ngram: NgramProposer | None = None,
-                    in_target: tuple[Proposer, ...] = ()) -> Stats:
+                    in_target: tuple[Proposer, ...] = (),
+                    constraint: Constraint | None = None) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
     drafter: the draft model in a process of its own (None: none there); ngram: prompt lookup,
@@ -115,6 +122,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     default: exactly num_draft_tokens.
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
+    constraint: the request's grammar (grammar.py): its masks go with every verification, and a
+    draft it forbids ends the proposal there.
     """
     allowed = _allowed(req, policy, drafter, ngram, in_target)
     if policy is None:
@@ -144,6 +153,13 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
             chosen = proposers.get(choice.proposer) if choice.k else None
             # Propose.
             d = await chosen.propose(committed, choice.k) if chosen else NOTHING
+            masks = None
+            if constraint is not None:
+                # The first draft the grammar forbids stays, the last: the target rejects it
+                # (its masked probability is 0) and draws from the residual, as for any
+                # rejection, which keeps sampling exact; the drafts after it go.
+                allowed, masks = constraint.masks(d.proposal.tokens)
+                d = d.cut(allowed + 1) if allowed + 1 < len(d.proposal.tokens) else d
             k, t1 = len(d.proposal.tokens), time.perf_counter()
             discarded = proposers[ahead].unused(chosen, k) if ahead else 0
             # Verify; an in-target drafter drafts the next round's proposal inside this call,
@@ -155,12 +171,14 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 drafts=d.proposal.tokens, draft_probs=d.proposal.probs, sampling=req.sampling,
                 next_k=next_k, drafts_in_target=bool(k and chosen.in_verifier), next_by=ahead,
                 logprobs=req.logprobs,
-                prompt_logprobs=req.prompt_logprobs if target_len == 0 else None))
+                prompt_logprobs=req.prompt_logprobs if target_len == 0 else None, masks=masks))
             t2 = time.perf_counter()
             # Commit: every proposer sees the verdict, the policy and the metrics the round.
             for q in proposers.values():
                 q.observe(n, k if q is chosen else 0, verdict, n - target_len)
             committed += verdict.tokens
+            if constraint is not None:
+                constraint.commit(verdict.tokens)
             # The verification's time less the in-target drafter's next proposal (not this
             # round's); a head's draft time is that of the verification before.
             r = Round(k=k, accepted=verdict.num_accepted,

@@ -9,7 +9,7 @@ round ahead.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from .records import Failure, Proposal, ProposeCall, Proposer, SamplingParams, Verdict
@@ -31,6 +31,12 @@ class Drafted:
     drafted: int = 0              # the head's steps over its batch (Round.drafted)
     failure: Failure | None = None
     draft_s: float | None = None  # the head's, spent inside the previous verification
+
+    def cut(self, k: int) -> "Drafted":
+        """Its first k drafts alone (a grammar's cut)."""
+        p = self.proposal
+        return replace(self, proposal=Proposal(p.tokens[:k], None if p.probs is None else
+                                               p.probs[:k]))
 
 
 class SequenceProposer:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 AUTO = -1   # num_draft_tokens: k chosen per round by the policy, up to max_draft_tokens
@@ -137,6 +138,9 @@ class VerifyCall:
     # the prompt's (a sequence's first verification: its tokens after the first).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # A grammar's token masks (numpy int32 [k + 1, ceil(V / 32)], grammar.py) for the
+    # positions this call scores: the target chooses among the allowed tokens only.
+    masks: "np.ndarray | None" = None
 
     @property
     def prefill(self) -> int:
@@ -183,6 +187,7 @@ class Request:
     # prompt's (its first token has none). max_tokens 0 then scores the prompt alone.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    json_schema: str | None = None   # the output follows this JSON schema (grammar.py)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .records import SamplingParams
@@ -87,6 +88,24 @@ def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     if not s.any_greedy:
         return probs
     return torch.where((s.temperature == 0)[:, None, None], _one_hot_argmax(logits), probs)
+
+
+def apply_token_masks(logits: torch.Tensor, masks: list) -> torch.Tensor:
+    """logits [B, P, V] with -inf where row b's mask (int32 [n_b <= P, W], grammar.py's layout,
+    or None: no grammar) leaves a token out, at its first n_b positions; in place. One unpacking
+    for the batch (row by row it cost 30 us a row on the CPU)."""
+    b, p, v = logits.shape
+    width = (v + 31) // 32
+    words = np.full((b, p, width), -1, np.int32)          # all allowed: rows without a grammar
+    for i, m in enumerate(masks):
+        if m is not None:
+            n, w = min(len(m), p), min(m.shape[1], width)
+            words[i, :n] = 0                               # ids past the mask's are not allowed
+            words[i, :n, :w] = m[:n, :w]
+    bits = torch.arange(32, device=logits.device, dtype=torch.int32)
+    packed = torch.from_numpy(words).to(logits.device, non_blocking=True)
+    keep = ((packed[..., None] >> bits) & 1).bool().flatten(2)[..., :v]         # [B, P, V]
+    return logits.masked_fill_(~keep, float("-inf"))
 
 
 def log_probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:

@@ -17,10 +17,12 @@ import asyncio
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
 from .. import names
+from ..grammar import Constraint, GrammarError, Grammars
 from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
 from ..planner import Planner
@@ -36,7 +38,7 @@ INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS,
           names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS,
           names.PROPOSER, names.RANDOM_SEED, names.EXCLUDE_INPUT_IN_OUTPUT,
           names.FREQUENCY_PENALTY, names.PRESENCE_PENALTY, names.BAD_WORDS,
-          names.RETURN_LOG_PROBS, names.TOP_LOGPROBS, names.PROMPT_LOGPROBS)
+          names.RETURN_LOG_PROBS, names.TOP_LOGPROBS, names.PROMPT_LOGPROBS, names.JSON_SCHEMA)
 
 
 # request.is_cancelled() is a round trip to the server process: at 16 streams, asked every
@@ -53,9 +55,12 @@ class Unavailable(RuntimeError):
 
 class Orchestrator:
     def __init__(self, pb, settings: OrchestratorSettings, eos: tuple[int, ...], vocab_size: int,
-                 drafter, verifier, metrics: Metrics, special: frozenset[int] = frozenset()):
+                 drafter, verifier, metrics: Metrics, special: frozenset[int] = frozenset(),
+                 grammars: Callable[[], Grammars] | None = None):
         """special: the ids postprocessing's decode leaves out (tokenizer.special_ids), which
-        the streamed responses' windows reach past (detokenize.window)."""
+        the streamed responses' windows reach past (detokenize.window). grammars: makes the
+        grammar engine on a first structured request (None: the target's engine is in another
+        process, where the masks do not travel)."""
         self.pb, self.settings, self.eos, self.vocab_size = pb, settings, eos, vocab_size
         self.special = special
         # A draft model in target_model's process drafts there (in_target.py): no call here.
@@ -79,6 +84,10 @@ class Orchestrator:
         self.bls_threads = ThreadPoolExecutor(2 * settings.max_sequences + 4,
                                               thread_name_prefix="bls")
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Schemas compile on a thread of their own, one at a time (the engine is made by the
+        # first), never on the event loop.
+        self.make_grammars, self._grammars = grammars, None
+        self.compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self.running: set[int] = set()     # generations under way
         self.cancelled: set[int] = set()   # of those, cancelled through the ensemble
 
@@ -100,6 +109,7 @@ class Orchestrator:
         try:
             g.req, g.stream = parse_request(read_inputs(pb, request, INPUTS), self.settings,
                                             self.eos, self.vocab_size)
+            constraint = await self._constraint(g.req.json_schema) if g.req.json_schema else None
             try:
                 await asyncio.wait_for(self.slots.acquire(), self.settings.queue_timeout_s)
             except asyncio.TimeoutError:
@@ -113,7 +123,7 @@ class Orchestrator:
                 await speculate(g.gid, g.req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, g.emit, g.cancelled,
                                 self.metrics.round, policy, self.settings.draft_timeout_s,
-                                self.ngram, self.settings.in_target)
+                                self.ngram, self.settings.in_target, constraint)
             finally:
                 self.running.discard(g.gid)
                 self.cancelled.discard(g.gid)
@@ -126,6 +136,24 @@ class Orchestrator:
             g.end()
             self.metrics.finished(g.finish, g.stats, probe)
             await self.courier.settle()   # when handle returns, its responses have left
+
+    async def _constraint(self, schema: str) -> Constraint:
+        """The request's grammar, compiled off the event loop (a new schema's compilation, and
+        the first one's engine, take milliseconds to seconds)."""
+        if self.make_grammars is None:
+            raise InvalidInput(f"{names.JSON_SCHEMA}: structured outputs need the target's engine "
+                               f"in this process (SPECDEC_TARGET_PLACEMENT auto or "
+                               f"orchestrator, one device)")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.compiler, self._compile,
+                                                                    schema)
+        except GrammarError as e:
+            raise InvalidInput(f"{names.JSON_SCHEMA}: {e}") from None
+
+    def _compile(self, schema: str) -> Constraint:
+        if self._grammars is None:
+            self._grammars = self.make_grammars()
+        return self._grammars.constraint(schema)
 
     def _new_id(self) -> int:
         """A generation's id, also its sequence id in the models: random, not counted, since a

@@ -122,7 +122,21 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     return Request(prompt, max_tokens, settings.max_draft_tokens if auto else k, sampling, stop,
                    eos, auto, reproducible, proposer=parse_proposer(inputs, settings),
-                   logprobs=logprobs, prompt_logprobs=prompt_logprobs), stream
+                   logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                   json_schema=_json_schema(inputs)), stream
+
+
+def _json_schema(inputs: dict) -> str | None:
+    arr = inputs.get(names.JSON_SCHEMA)
+    if arr is None:
+        return None
+    arr = np.asarray(arr, dtype=object).reshape(-1)
+    if arr.size != 1:
+        raise InvalidInput(f"{names.JSON_SCHEMA}: expected one schema, got {arr.size}")
+    schema = decode_text(arr[0], names.JSON_SCHEMA)
+    if not schema.strip():
+        raise InvalidInput(f"{names.JSON_SCHEMA}: empty")
+    return schema
 
 
 def _logprobs(inputs: dict) -> tuple[int | None, int | None]:

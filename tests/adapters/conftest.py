@@ -180,7 +180,7 @@ def orchestrator_request(prompt, cancelled=None, on_send=None, **fields):
     for name, value in fields.items():
         if name in (names.STOP_IDS, names.STOP_LENGTHS):
             inputs[name] = np.array(value, np.int32)
-        elif name == names.PROPOSER:
+        elif name in (names.PROPOSER, names.JSON_SCHEMA):
             inputs[name] = np.array([value.encode()], object)
         else:
             inputs[name] = np.array([value], dtypes[name])

@@ -1,10 +1,13 @@
 """The target's engine in speculative_decoding's process ($SPECDEC_TARGET_PLACEMENT=orchestrator,
 serving/hosted.py): the same tokens as over BLS to target_model, no target_model call, per-row
 errors as target_model gives them, its slots released; target_model itself loads nothing."""
+import json
+
 import pytest
 
 from specdec import names
 from specdec.config import ModelArgs
+from specdec.grammar import Grammars
 from specdec.records import Round
 from specdec.serving.bls import BlsDrafter
 from specdec.serving.engine_model import TargetModel
@@ -14,7 +17,7 @@ from specdec.serving.orchestrator import Orchestrator
 from specdec.serving.settings import InTargetSettings, OrchestratorSettings, SettingsError
 from tests.adapters import fake_pb
 from tests.adapters.conftest import MAX_SEQ_LEN, engine_config, orchestrator_request, run_all
-from tests.adapters.responses import PROMPTS, assert_one_final, output_ids
+from tests.adapters.responses import PROMPTS, assert_one_final, finish_reason, output_ids
 
 
 def hosted_config(checkpoints, max_sequences: int = 4) -> dict:
@@ -23,8 +26,9 @@ def hosted_config(checkpoints, max_sequences: int = 4) -> dict:
     return config
 
 
-def hosted_orchestrator(checkpoints, engine_sequences: int = 4, **overrides):
-    """An orchestrator holding the target's engine; the draft stays draft_model's, over BLS."""
+def hosted_orchestrator(checkpoints, engine_sequences: int = 4, grammars=None, **overrides):
+    """An orchestrator holding the target's engine; the draft stays draft_model's, over BLS.
+    grammars: with the grammar engine over the target's tokenizer (its eos the target's)."""
     model = TargetModel(fake_pb, hosted_config(checkpoints, engine_sequences), hosted=True)
     params = {"max_seq_len": str(MAX_SEQ_LEN), "max_sequences": "4",
               "target_model_path": checkpoints[0], "draft_placement": "separate",
@@ -32,10 +36,61 @@ def hosted_orchestrator(checkpoints, engine_sequences: int = 4, **overrides):
     settings = OrchestratorSettings.parse(params)
     metrics = Metrics(fake_pb, "speculative_decoding", settings.max_draft_tokens,
                       in_target=settings.in_target, hosted=True)
-    vocab = ModelArgs.from_dir(checkpoints[0]).vocab_size
-    return Orchestrator(fake_pb, settings, (), vocab, BlsDrafter(fake_pb),
+    args = ModelArgs.from_dir(checkpoints[0])
+    eos = tuple(args.eos_token_ids) if grammars else ()
+    make = (lambda: Grammars.load(checkpoints[0], args.vocab_size, eos)) if grammars else None
+    return Orchestrator(fake_pb, settings, eos, args.vocab_size, BlsDrafter(fake_pb),
                         HostedVerifier(fake_pb, model, on_batch=metrics.target_batch),
-                        metrics), model
+                        metrics, grammars=make), model
+
+
+SCHEMA = json.dumps({"type": "object", "properties": {
+    "ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["ok", "size", "tags"], "additionalProperties": False})
+
+
+def test_a_json_schema_holds_the_output_with_speculation_on_and_off(serving, checkpoints,
+                                                                   tokenizer):
+    """The output parses as the schema says, and is the same whatever drafts (greedy): the
+    target's choice within the grammar at every position it verifies."""
+    orch, model = hosted_orchestrator(checkpoints, grammars=True)
+    texts = []
+    for fields in (dict(num_draft_tokens=0), dict(num_draft_tokens=4),
+                   dict(num_draft_tokens=4, proposer="ngram"), dict(num_draft_tokens=-1)):
+        requests = [orchestrator_request(p, max_tokens=48, json_schema=SCHEMA, stream=True,
+                                         **fields) for p in PROMPTS]
+        run_all(orch, requests)
+        texts.append([tokenizer.decode(output_ids(r), skip_special_tokens=True)
+                      for r in requests])
+        for r in requests:
+            assert_one_final(r)
+            assert finish_reason(r.sender.responses()[-1]) == "eos"   # the object closed
+    assert all(t == texts[0] for t in texts)
+    for text in texts[0]:
+        value = json.loads(text)
+        assert set(value) == {"ok", "size", "tags"} and isinstance(value["ok"], bool)
+        assert value["size"] in ("small", "large") and set(value["tags"]) <= {"a", "b"}
+    assert model.engine.pool.active == 0
+    # Unconstrained, the same target writes no such object.
+    free = [orchestrator_request(p, max_tokens=48) for p in PROMPTS]
+    run_all(orch, free)
+    assert not any(tokenizer.decode(output_ids(r)).startswith("{") for r in free)
+
+
+def test_a_bad_schema_or_one_over_bls_is_refused_naming_json_schema(serving, checkpoints):
+    orch, _ = hosted_orchestrator(checkpoints, grammars=True)
+    over_bls = serving.orchestrator()
+    for o, schema, says in ((orch, "{not json", ""), (orch, '{"type": "nonsense"}', ""),
+                            (over_bls, SCHEMA, "in this process")):
+        bad, good = (orchestrator_request(PROMPTS[0], max_tokens=4, json_schema=schema),
+                     orchestrator_request(PROMPTS[0], max_tokens=4))
+        run_all(o, [bad, good])
+        (resp,) = bad.sender.responses()
+        assert resp.has_error() and resp.error().code() == fake_pb.TritonError.INVALID_ARG
+        assert resp.error().message().startswith("json_schema:") and says in \
+            resp.error().message()
+        assert len(output_ids(good)) == 4
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

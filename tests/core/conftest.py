@@ -88,13 +88,15 @@ def engines(pair, dtype=torch.float64, max_sequences=32, max_len=128):
 
 
 def generate(target: Engine, draft: Engine | None, requests: list[Request],
-             planner: Planner | None = None, drafter=None, **options) -> list[tuple[list[int], object]]:
+             planner: Planner | None = None, drafter=None, constraint=None,
+             **options) -> list[tuple[list[int], object]]:
     """Run requests concurrently (batched like Triton would); returns (tokens, stats) each.
 
     planner: chooses k per round for requests with `auto` (else each request's exact k).
     drafter: the draft model's stand-in (default: the draft engine's; None without one).
     options: more keyword arguments of `speculate` (on_round, draft_timeout_s, ngram); the
-    target's own drafters (in_target.py) are its in_target."""
+    target's own drafters (in_target.py) are its in_target. constraint: request i's grammar is
+    constraint(i) (None: none)."""
     drafter = drafter or (LocalDrafter(draft) if draft else None)
     verifier = LocalVerifier(target)
 
@@ -104,7 +106,8 @@ def generate(target: Engine, draft: Engine | None, requests: list[Request],
         try:
             stats = await speculate(1000 + i, req, drafter, verifier, target.max_len,
                                     chunks.append, policy=policy,
-                                    in_target=tuple(target.drafters), **options)
+                                    in_target=tuple(target.drafters),
+                                    constraint=constraint(i) if constraint else None, **options)
         finally:
             if planner:
                 planner.close(policy)

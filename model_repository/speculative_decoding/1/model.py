@@ -38,9 +38,16 @@ class TritonPythonModel:
         else:
             verifier = BlsVerifier(pb_utils, on_batch=metrics.target_batch,
                                    max_prefill=settings.prefill_budget())
+        grammars = None
+        if hosted:   # the grammar's masks go with the verification, in this process
+            from specdec.grammar import Grammars
+
+            def grammars():
+                return Grammars.load(tokenizer_path(params), target.vocab_size,
+                                     target.eos_token_ids)
         self.orchestrator = Orchestrator(pb_utils, settings, target.eos_token_ids,
                                          target.vocab_size, BlsDrafter(pb_utils), verifier,
-                                         metrics, special_ids(tokenizer_path(params)))
+                                         metrics, special_ids(tokenizer_path(params)), grammars)
 
     async def execute(self, requests):
         # Decoupled + async: responses go through each request's sender as they are made.
