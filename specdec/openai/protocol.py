@@ -11,6 +11,7 @@ openai SDK's `extra_body` puts them.
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -82,8 +83,9 @@ class Generation:
     prompt_logprobs: int | None = None
     echo: bool = False
     score_only: bool = False
+    json_schema: str | None = None   # the output is held to it (response_format, forced calls)
 
-    def extra_inputs(self) -> dict[str, int]:
+    def extra_inputs(self) -> dict[str, int | str]:
         """The orchestrator's inputs that GenerationParams does not hold."""
         out = {}
         if self.logprobs is not None:
@@ -92,6 +94,8 @@ class Generation:
             out[names.PROMPT_LOGPROBS] = self.prompt_logprobs
         if self.score_only:
             out[names.MAX_TOKENS] = 0
+        if self.json_schema is not None:
+            out[names.JSON_SCHEMA] = self.json_schema
         return out
 
     def choice_params(self) -> list[GenerationParams]:
@@ -201,14 +205,13 @@ def _tools(body: dict, tokenizer) -> list[dict] | None:
     """The tools to render with: None without tools or with tool_choice none (the model is
     not shown them, as vLLM does)."""
     choice = body.get("tool_choice")
-    if choice is not None and choice not in TOOL_CHOICES:
-        if choice == "required" or isinstance(choice, dict):
-            raise bad("tool_choice", "'required' and a named function need structured outputs "
-                                     "(constrained decoding), which this server does not have "
-                                     "yet; use 'auto' or 'none'")
-        raise bad("tool_choice", "expected 'none' or 'auto'")
+    if choice is not None and choice not in TOOL_CHOICES and choice != tools.REQUIRED and \
+            not isinstance(choice, dict):
+        raise bad("tool_choice", "expected 'none', 'auto', 'required' or a named function")
     raw = body.get("tools")
     if raw is None or raw == []:
+        if choice == tools.REQUIRED or isinstance(choice, dict):
+            raise bad("tool_choice", "needs tools")
         return None
     try:
         offered = tools.check_tools(raw)
@@ -243,9 +246,7 @@ def parse_chat(body: dict, served: str, tokenizer,
     _must_be(body, "functions", (None, []), "function calling")
     _must_be(body, "function_call", (None, "none"), "function calling")
     _must_be(body, "modalities", (None, ["text"]), "an output other than text")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise bad("response_format", "only {\"type\": \"text\"} is supported")
+    schema = _json_schema(body)
     max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     stream, usage = _stream_flags(body)
@@ -253,10 +254,37 @@ def parse_chat(body: dict, served: str, tokenizer,
     offered = _tools(body, tokenizer)
     prompt = render_chat(tokenizer, messages(body.get("messages")), offered)
     parser = gateway.tool_parser if offered and gateway.tool_parser in tools.PARSERS else None
+    choice = body.get("tool_choice")
+    if offered and (choice == tools.REQUIRED or isinstance(choice, dict)):
+        if schema is not None:
+            raise bad("response_format", "a JSON response and a forced tool call exclude "
+                                         "each other")
+        try:   # the calls a grammar holds the output to, read back as calls
+            schema, parser = tools.forced(offered, choice,
+                                          body.get("parallel_tool_calls") is not False)
+        except ValueError as e:
+            raise bad("tool_choice", str(e)) from None
     return Generation(True, body["model"], prompt, _params(body, max_param, server), stream,
                       usage, max_param, n, parser,
-                      tools.kept_ids(tokenizer, parser) if parser else frozenset(),
-                      logprobs=(top or 0) if asked else None)
+                      tools.kept_ids(tokenizer, parser) if parser in tools.PARSERS else
+                      frozenset(), logprobs=(top or 0) if asked else None, json_schema=schema)
+
+
+def _json_schema(body: dict) -> str | None:
+    """response_format as the JSON schema the output is held to (None: text)."""
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    spec = fmt.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict) or \
+            not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema", {}), dict):
+        raise bad("response_format", "expected {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                                     "or {\"type\": \"json_schema\", \"json_schema\": {\"name\", "
+                                     "\"schema\"}}")
+    return json.dumps(spec.get("schema", {}))
 
 
 def parse_completion(body: dict, served: str,

@@ -76,10 +76,48 @@ def check_tools(raw: Any) -> list[dict]:
             raise ValueError(f"[{i}].function.description: expected a string")
         if not isinstance(fn.get("parameters", {}), dict):
             raise ValueError(f"[{i}].function.parameters: expected a JSON schema object")
-        if fn.get("strict"):   # a promise that the arguments follow the schema
-            raise ValueError(f"[{i}].function.strict: needs structured outputs, which this "
-                             f"server does not have yet")
     return raw
+
+
+# ---------------------------------------------------------------- calls a grammar forces
+
+REQUIRED, NAMED = "required", "named:"   # readers of forced calls (not a family's format)
+
+
+def forced(offered: list[dict], choice: Any, parallel: bool = True) -> tuple[str, str]:
+    """tool_choice `required` or a named function: (the JSON schema the output is held to, its
+    reader). As vLLM serves them: the named function's arguments alone, or a list of calls
+    [{"name", "parameters"}], one at least (one alone without `parallel`); not the family's own
+    format. ValueError naming what is wrong."""
+    params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"}
+              for t in offered}
+    if choice == REQUIRED:
+        calls = [{"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
+                  "required": ["name", "parameters"], "additionalProperties": False}
+                 for name, schema in params.items()]
+        most = {} if parallel else {"maxItems": 1}
+        return json.dumps({"type": "array", "minItems": 1, **most, "items": {"anyOf": calls}}), \
+            REQUIRED
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and \
+        choice.get("type") == "function" and isinstance(choice.get("function"), dict) else None
+    if name not in params:
+        raise ValueError("expected 'none', 'auto', 'required' or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}} naming an offered tool")
+    return json.dumps(params[name]), NAMED + name
+
+
+def _forced(parser: str, text: str) -> tuple[str | None, list[Call]]:
+    try:
+        value = json.loads(text)
+    except ValueError:     # cut short by max_tokens: the text as content
+        return text, []
+    if parser == REQUIRED:
+        return None, [Call(c["name"], json.dumps(c["parameters"])) for c in value]
+    return None, [Call(parser.removeprefix(NAMED), json.dumps(value))]
+
+
+def is_forced(parser: str | None) -> bool:
+    return parser is not None and (parser == REQUIRED or parser.startswith(NAMED))
 
 
 def check_calls(raw: Any) -> list[dict]:
@@ -247,6 +285,8 @@ READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "mistral": _mistral}
 def parse(parser: str, text: str) -> tuple[str | None, list[Call]]:
     """(content, calls) of a whole message: the text unchanged where it holds no call that
     parses; with calls, the text outside them (None if blank)."""
+    if is_forced(parser):
+        return _forced(parser, text)
     reader = READERS.get(parser)
     return reader(text) if reader is not None else (text, [])
 
@@ -306,6 +346,8 @@ class Stream:
 
     def _opening(self) -> tuple[int | None, int]:
         """(where a call opens in the held text, or None; how much of its tail to hold)."""
+        if is_forced(self.parser):   # the whole message is calls
+            return 0, 0
         if self.parser == "llama3_json":
             if self.begun:
                 return None, 0

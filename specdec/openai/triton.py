@@ -42,11 +42,12 @@ RETRY_AFTER_S = "1"
 # The orchestrator's input names in the OpenAI body's words, for errors that name one.
 PARAMS = {names.TEMPERATURE: "temperature", names.TOP_P: "top_p", names.TOP_K: "top_k",
           names.SEED: "seed", names.NUM_DRAFT_TOKENS: "num_draft_tokens",
-          names.STOP_WORDS: "stop", names.PROPOSER: "proposer"}
+          names.STOP_WORDS: "stop", names.PROPOSER: "proposer",
+          names.JSON_SCHEMA: "response_format"}
 # The orchestrator's inputs: the token ids preprocessing makes, and the ensemble's others.
 DATATYPES = {**INPUT_DATATYPES, names.INPUT_IDS: "INT32", names.STOP_IDS: "INT32",
              names.STOP_LENGTHS: "INT32", names.TOP_LOGPROBS: "INT32",
-             names.PROMPT_LOGPROBS: "INT32"}
+             names.PROMPT_LOGPROBS: "INT32", names.JSON_SCHEMA: "BYTES"}
 # What a response's outputs hold besides the orchestrator's own: its new tokens' logprobs and
 # the prompt's (logprobs.Scored lists), where the request asked.
 SCORED, PROMPT_SCORED = "scored", "prompt_scored"
@@ -102,7 +103,7 @@ class SpecDecoding:
             return False
 
     def inputs(self, prompt: str, params: GenerationParams, stream: bool,
-               ranks: dict[str, int], extra: dict[str, int] | None = None
+               ranks: dict[str, int], extra: dict[str, int | str] | None = None
                ) -> tuple[list[Any], list[int]]:
         """The request's tensors, as preprocessing would hand them to the orchestrator, and
         the prompt's ids; a request over the limits is refused before the tokenizer runs.
@@ -130,7 +131,7 @@ class SpecDecoding:
         return "".join(text) + decode_ids(self.tokenizer, ids[start:])
 
     async def generate(self, prompt: str, params: GenerationParams, stream: bool,
-                       keep: frozenset[int] = frozenset(), extra: dict[str, int] | None = None
+                       keep: frozenset[int] = frozenset(), extra: dict[str, int | str] | None = None
                        ) -> AsyncIterator[dict[str, Any]]:
         """The outputs of each response, its text included, and its scored tokens where the
         request asked (SCORED, PROMPT_SCORED); TritonError for an error, the server's or the

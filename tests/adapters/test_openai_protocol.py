@@ -74,6 +74,7 @@ def test_messages_roles_and_text_parts():
     ({"tools": [{"type": "function"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{}]}, "functions"), ({"response_format": {"type": "json_schema"}},
                                          "response_format"),
+    ({"response_format": {"type": "regex"}}, "response_format"),
     ({"frequency_penalty": 0.1}, "frequency_penalty"),
     ({"presence_penalty": 2}, "presence_penalty"),
     ({"logit_bias": {"1": 5}}, "logit_bias"), ({"ignore_eos": True}, "ignore_eos"),

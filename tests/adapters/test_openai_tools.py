@@ -261,16 +261,61 @@ def test_with_the_parser_off_tools_are_rendered_and_nothing_is_read(family):
     ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]}, "tools",
      "function"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "twice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools",
-     "structured outputs"),
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "structured outputs"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}},
-     "tool_choice", "structured outputs"),
+     "tool_choice", "an offered tool"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "exclude"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "'auto'"),
 ])
 def test_malformed_tools_and_choices_are_a_400_naming_them(family, body, param, words):
     e = refused(lambda: tools_chat(family["hermes"], **body), param)
     assert words in e.message, e.message
+
+
+def test_a_forced_call_is_a_grammar_and_read_back_as_calls(family):
+    """tool_choice required or a named function: the output is held to the calls' JSON schema
+    (a list of {name, parameters}, or the named function's arguments), read back as calls."""
+    from specdec import names
+    tok, parser = family["hermes"], "hermes"
+    named = tools_chat(tok, parser, tools=[WEATHER, TIME],
+                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert json.dumps(WEATHER) in named.prompt        # the model is shown every tool
+    # get_time has no parameters: any object
+    assert json.loads(named.extra_inputs()[names.JSON_SCHEMA]) == {"type": "object"}
+    assert parse(named.tool_parser, '{"zone": "UTC"}') == (
+        None, [Call("get_time", '{"zone": "UTC"}')])
+    required = tools_chat(tok, parser, tools=[WEATHER, TIME], tool_choice="required")
+    schema = json.loads(required.extra_inputs()[names.JSON_SCHEMA])
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    one = tools_chat(tok, parser, tools=[WEATHER], tool_choice="required",
+                     parallel_tool_calls=False)
+    assert json.loads(one.extra_inputs()[names.JSON_SCHEMA])["maxItems"] == 1
+    assert [c["properties"]["name"] for c in schema["items"]["anyOf"]] == [
+        {"const": "get_weather"}, {"const": "get_time"}]
+    text = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    assert parse(required.tool_parser, text) == (None, [Call("get_weather", '{"city": "Oslo"}')])
+    cut = '[{"name": "get_weather", "param'             # max_tokens reached first
+    assert parse(required.tool_parser, cut) == (cut, [])
+    stream = Stream(required.tool_parser)
+    assert stream.feed(text[:9]) == [] and stream.feed(text[9:]) == []
+    assert stream.close() == [Call("get_weather", '{"city": "Oslo"}')]
+
+
+def test_response_format_is_the_schema_the_output_is_held_to(family):
+    from specdec import names
+    tok = family["hermes"]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    gen = tools_chat(tok, "hermes", response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema, "strict": True}})
+    assert json.loads(gen.extra_inputs()[names.JSON_SCHEMA]) == schema
+    gen = tools_chat(tok, "hermes", response_format={"type": "json_object"})
+    assert json.loads(gen.extra_inputs()[names.JSON_SCHEMA]) == {"type": "object"}
+    assert names.JSON_SCHEMA not in tools_chat(tok, "hermes", response_format={
+        "type": "text"}).extra_inputs()
+    for bad in ({"type": "json_schema"}, {"type": "yaml"}, "json",
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}):
+        refused(lambda: tools_chat(tok, "hermes", response_format=bad), "response_format")
 
 
 @pytest.mark.parametrize("message", [

@@ -149,7 +149,7 @@ def test_stop_seed_and_the_speculative_extras(client, triton):
     ({"n": 9}, "n"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "regex"}}, "response_format"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"presence_penalty": -1.0}, "presence_penalty"),
     ({"extra_body": {"ignore_eos": True}}, "ignore_eos"),
@@ -355,10 +355,56 @@ def test_a_conversation_with_a_call_and_its_answer(tools_client):
     r = client.chat.completions.create(model="specdec-tools", messages=messages, max_tokens=4,
                                        temperature=0, tools=[WEATHER])
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="specdec-tools", messages=CHAT, tools=[WEATHER],
-                                       tool_choice="required")
-    assert e.value.body["param"] == "tool_choice"
+
+
+def test_a_forced_call_is_a_call_streamed_and_not(tools_client):
+    """tool_choice required or a named function: a grammar holds the output to the calls'
+    JSON, which comes back as tool_calls whose arguments follow the function's schema."""
+    client, _ = tools_client
+    city = {"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+            "additionalProperties": False}}}
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        kw = dict(model="specdec-tools", messages=CHAT, max_tokens=48, temperature=0,
+                  tools=[city], tool_choice=choice, parallel_tool_calls=False)
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].message.tool_calls, (r.choices[0].message.content, r.usage)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and r.choices[0].message.content is None
+        assert set(json.loads(call.function.arguments)) == {"city"}
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+        assert deltas[0].function.name == "get_weather"
+        assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+
+
+def test_a_json_schema_answer_validates_against_its_schema(client):
+    """response_format json_schema (the SDK's parse: a pydantic model, strict): the answer
+    validates, and it is the same with speculation on and off (greedy)."""
+    from typing import Literal
+
+    import pydantic
+
+    class Forecast(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=12)
+        unit: Literal["celsius", "fahrenheit"]
+        days: int = pydantic.Field(ge=1, le=9)
+
+    answers = []
+    for extra in ({"num_draft_tokens": 0}, {"num_draft_tokens": 4, "proposer": "draft"}, {}):
+        r = client.chat.completions.parse(model="specdec-chat", messages=CHAT, max_tokens=64,
+                                          temperature=0, response_format=Forecast,
+                                          extra_body=extra)
+        assert isinstance(r.choices[0].message.parsed, Forecast), r.choices[0].message.content
+        answers.append(r.choices[0].message.content)
+    assert answers == [answers[0]] * 3
+    free = client.chat.completions.create(model="specdec-chat", messages=CHAT, max_tokens=16,
+                                          temperature=0)
+    assert not free.choices[0].message.content.startswith("{")   # the grammar made it JSON
+    r = client.chat.completions.create(model="specdec-chat", messages=CHAT, max_tokens=48,
+                                       temperature=0, response_format={"type": "json_object"})
+    assert r.choices[0].message.content.startswith("{")
 
 
 def test_an_unknown_model_is_a_404(client):
