@@ -43,7 +43,7 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int, eos: tuple[int, ...]):
         import llguidance.hf
-        self.vocab_size = vocab_size
+        self.vocab_size, self.eos = vocab_size, frozenset(eos)
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
                                                       eos_token=list(eos) or None)
         self.compiled: OrderedDict[str, object] = OrderedDict()   # schema -> LLMatcher
@@ -71,38 +71,50 @@ class Grammars:
         return matcher
 
     def constraint(self, schema: str) -> "Constraint":
-        return Constraint(self._matcher(schema).deep_copy(), self.vocab_size)
+        return Constraint(self._matcher(schema).deep_copy(), self.vocab_size, self.eos)
 
 
 class Constraint:
     """One sequence's matcher, at its committed tokens between rounds (loop.speculate)."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self.matcher, self.words = matcher, (vocab_size + 31) // 32
+    def __init__(self, matcher, vocab_size: int, eos: frozenset[int] = frozenset()):
+        self.matcher, self.words, self.eos = matcher, (vocab_size + 31) // 32, eos
 
     def _fill(self, rows: np.ndarray, j: int) -> None:
         row = rows[j]
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        if self.matcher.is_error():   # its mask means nothing then: the request fails
+            raise RuntimeError(f"the grammar could not compute a mask: "
+                               f"{self.matcher.get_error()[:2000]}")
 
     def masks(self, drafts: list[int]) -> tuple[int, np.ndarray]:
-        """(how many of the drafts the grammar allows in a row, the masks [that + 1, W] of the
-        positions a verification of them scores)."""
+        """(how many drafts to verify, the masks [n, W] of the positions their verification
+        scores up to the first it forbids). Those the grammar allows in a row, and the first it
+        forbids after them, the last (see the module's docstring); or up to an end of sequence,
+        after which nothing is scored."""
         rows = np.zeros((len(drafts) + 1, self.words), np.int32)
-        ok = 0
+        consumed = 0
         for j in range(len(drafts) + 1):
             self._fill(rows, j)
-            if j == len(drafts) or not allowed(rows[j], drafts[j]):
+            if j == len(drafts):
+                keep = j
+                break
+            if not allowed(rows[j], drafts[j]):
+                keep = j + 1
+                break
+            if drafts[j] in self.eos:   # generation ends there; and the engine's rollback
+                keep = j + 1            # does not count a consumed end of sequence
                 break
             self.matcher.consume_token(drafts[j])
-            ok += 1
-        if ok:
-            self.matcher.rollback(ok)
-        return ok, rows[:ok + 1]
+            consumed += 1
+        if consumed:
+            self.matcher.rollback(consumed)
+        return keep, rows[:j + 1]
 
     def commit(self, tokens: list[int]) -> None:
         """The verdict's tokens, each allowed by the masks it was chosen under."""
         for t in tokens:
-            if self.matcher.is_stopped():
+            if t in self.eos or self.matcher.is_stopped():
                 return
             self.matcher.consume_token(t)
         if self.matcher.is_error():

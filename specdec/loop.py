@@ -33,7 +33,7 @@ from .records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Re
 
 class Constraint(Protocol):
     """A request's grammar (grammar.Constraint)."""
-    def masks(self, drafts: list[int]) -> tuple[int, object]: ...
+    def masks(self, drafts: list[int]) -> tuple[int, object]: ...   # (drafts to keep, masks)
     def commit(self, tokens: list[int]) -> None: ...
 
 
@@ -158,8 +158,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 # The first draft the grammar forbids stays, the last: the target rejects it
                 # (its masked probability is 0) and draws from the residual, as for any
                 # rejection, which keeps sampling exact; the drafts after it go.
-                allowed, masks = constraint.masks(d.proposal.tokens)
-                d = d.cut(allowed + 1) if allowed + 1 < len(d.proposal.tokens) else d
+                keep, masks = constraint.masks(d.proposal.tokens)
+                d = d.cut(keep) if keep < len(d.proposal.tokens) else d
             k, t1 = len(d.proposal.tokens), time.perf_counter()
             discarded = proposers[ahead].unused(chosen, k) if ahead else 0
             # Verify; an in-target drafter drafts the next round's proposal inside this call,

@@ -40,14 +40,16 @@ class Alternating:
         return words.astype(np.uint32).view(np.int32)
 
     def masks(self, drafts):
-        rows, prev, ok = [], self.last, 0
+        """grammar.Constraint.masks: the drafts allowed in a row and the first forbidden one."""
+        rows, prev = [], self.last
         for j in range(len(drafts) + 1):
             rows.append(self._mask(prev))
-            if j == len(drafts) or not parity_allows(prev, drafts[j]):
-                break
-            prev, ok = drafts[j], ok + 1
-        self.cut += len(drafts) - ok
-        return ok, np.stack(rows)
+            if j == len(drafts):
+                return j, np.stack(rows)
+            if not parity_allows(prev, drafts[j]):
+                self.cut += 1
+                return j + 1, np.stack(rows)
+            prev = drafts[j]
 
     def commit(self, tokens):
         for t in tokens:
@@ -155,10 +157,16 @@ def test_the_json_engine_cuts_at_a_forbidden_draft_and_rolls_back():
     assert allowed(masks[-1], tok.eos_token_id)            # the object is complete
     bad = tok("x", add_special_tokens=False)["input_ids"]
     n, masks = c.masks(ids[:2] + bad + ids[2:])            # a forbidden draft in third place
-    assert n == 2 and len(masks) == 3 and not allowed(masks[2], bad[0])
+    assert n == 3 and len(masks) == 3 and not allowed(masks[2], bad[0])   # kept, the last
     c.commit(ids[:2])                                      # rolled back: the walk left no trace
     n, _ = c.masks(ids[2:])
     assert n == len(ids) - 2
+    # An end of sequence ends the walk (nothing after it is scored), and the rollback stays
+    # exact across it: llguidance's does not count a consumed end of sequence.
+    n, masks = c.masks(ids[2:] + [tok.eos_token_id] + ids[:1])
+    assert n == len(ids) - 1 and len(masks) == len(ids) - 1
+    c.commit(ids[2:] + [tok.eos_token_id])
+    assert not c.matcher.is_error() and c.matcher.is_stopped()
     # Each request's matcher is its own; a schema compiles once; a bad one is the request's.
     other = grammars.constraint(schema)
     assert other.masks(ids)[0] == len(ids) and len(grammars.compiled) == 1
