@@ -43,7 +43,7 @@ INPUT_DATATYPES: dict[str, str] = {
     STOP_WORDS: "BYTES",
     PROPOSER: "BYTES",
 }
-PROPOSERS = ("draft", "ngram", "eagle", "self", "medusa", "hybrid")
+PROPOSERS = ("draft", "ngram", "suffix", "eagle", "self", "medusa", "hybrid")
 
 FINISH_CANCELLED = "cancelled"
 DEFAULT_HTTP_URL = "localhost:8000"

@@ -87,6 +87,8 @@ class PriorCosts:
     other: float = 0.0005
     ngram_call: float = 0.00002
     ngram_token: float = 0.000002
+    suffix_call: float = 0.00005     # two trees looked up in the orchestrator's process
+    suffix_token: float = 0.000002
     eagle_call: float = 0.0004       # the head's catch-up, inside the verification's call
     eagle_token: float = 0.0004
     medusa_token: float = 0.0001     # all heads at once, on one hidden state
@@ -112,6 +114,7 @@ class Costs:
         draft_call = p.eagle_call if Proposer.DRAFT in in_target else p.draft_call
         return cls({Proposer.DRAFT: LinearFit((draft_call, p.draft_token)),
                     Proposer.NGRAM: LinearFit((p.ngram_call, p.ngram_token)),
+                    Proposer.SUFFIX: LinearFit((p.suffix_call, p.suffix_token)),
                     Proposer.EAGLE: LinearFit((p.eagle_call, p.eagle_token)),
                     Proposer.MEDUSA: LinearFit((p.eagle_call, p.medusa_token)),
                     Proposer.SELF: LinearFit((p.eagle_call, p.self_token))},
@@ -143,7 +146,7 @@ class Costs:
 
 # Per position, before anything is measured.
 PRIOR_ACCEPTANCE = {Proposer.DRAFT: 0.6, Proposer.NGRAM: 0.5, Proposer.EAGLE: 0.6,
-                    Proposer.MEDUSA: 0.5, Proposer.SELF: 0.6}
+                    Proposer.MEDUSA: 0.5, Proposer.SELF: 0.6, Proposer.SUFFIX: 0.5}
 PRIOR_WEIGHT = 2.0          # pseudo-rounds of PRIOR_ACCEPTANCE in the server's estimate
 # Pseudo-rounds of the server's estimate in a sequence's own (with the sequence's forgetting,
 # 0.97 a round, they keep its estimate from chasing a few rounds' luck where E(k)/T(k) is flat).

@@ -26,7 +26,8 @@ from .ngram import NgramProposer
 from .planner import Planner
 from .policy import Choice, Policy
 from .proposers import (DraftModelProposer, Drafted, Drafter, InTargetProposer, LookupProposer,
-                        SequenceProposer)
+                        SequenceProposer, SuffixLookupProposer)
+from .suffix import SuffixProposer
 from .records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Request, Round,
                       Stats, TokenLogprob, Verdict, VerifyCall)
 
@@ -48,10 +49,11 @@ NOTHING = Drafted(Proposal([], None))   # a round that drafts nothing
 DRAFT_RELEASE_WAIT_S = 0.05
 # What a request's proposer may draft with, in the order a fixed k prefers them. Hybrid drafts
 # with what the server has, of the drafters in the target's process only the first
-# (planner.in_target_of).
+# (planner.in_target_of); suffix decoding last: it offers on any match, however weak, and at a
+# fixed k would take every round from the model drafters (auto weighs it by what it accepts).
 PROPOSER_SETS = {**{p: (p,) for p in DRAFTING},
                  Proposer.HYBRID: (Proposer.NGRAM, Proposer.EAGLE, Proposer.MEDUSA,
-                                   Proposer.DRAFT, Proposer.SELF)}
+                                   Proposer.DRAFT, Proposer.SELF, Proposer.SUFFIX)}
 
 
 def open_policy(planner: Planner, req: Request) -> Policy:
@@ -110,7 +112,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                     policy: Policy | None = None, draft_timeout_s: float | None = None,
                     ngram: NgramProposer | None = None,
                     in_target: tuple[Proposer, ...] = (),
-                    constraint: Constraint | None = None) -> Stats:
+                    constraint: Constraint | None = None,
+                    suffix: SuffixProposer | None = None) -> Stats:
     """Generate for one sequence, calling `emit` with each chunk; always releases both models.
 
     drafter: the draft model in a process of its own (None: none there); ngram: prompt lookup,
@@ -123,14 +126,16 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
     draft_timeout_s: a draft call that takes longer counts as failed. A failed draft call never
     fails the request: the round goes on target-only and the draft re-prefills when next used.
     constraint: the request's grammar (grammar.py): its masks go with every verification, and a
-    draft it forbids ends the proposal there.
+    draft it forbids ends the proposal there. suffix: suffix decoding's trees (suffix.py), for
+    requests whose proposer is "suffix" or "hybrid".
     """
-    allowed = _allowed(req, policy, drafter, ngram, in_target)
+    allowed = _allowed(req, policy, drafter, ngram, in_target, suffix)
     if policy is None:
         policy = Planner(req.num_draft_tokens, in_target=IN_TARGET + in_target).open(
             req.num_draft_tokens, False, proposers=allowed)
-    proposers = _proposers(policy.proposers, seq_id, req, policy, drafter, ngram,
-                           draft_timeout_s)
+    # Only those the server has: a hybrid policy names every proposer hybrid may use.
+    proposers = _proposers([p for p in policy.proposers if p in allowed], seq_id, req, policy,
+                           drafter, ngram, draft_timeout_s, suffix)
     # A request that drafts nothing (num_draft_tokens 0) asks no drafter in the target for its
     # next proposal: the head's or co-located draft's catch-up each round would be thrown away.
     ahead = policy.ahead if policy.ahead in proposers and req.num_draft_tokens else None
@@ -231,12 +236,13 @@ def _room(req: Request, max_len: int, n: int, produced: int) -> int:
 
 
 def _allowed(req: Request, policy: Policy | None, drafter, ngram,
-             in_target: tuple[Proposer, ...]) -> tuple[Proposer, ...]:
+             in_target: tuple[Proposer, ...], suffix=None) -> tuple[Proposer, ...]:
     """What the request may draft with: hybrid with what is configured, any other only with
     its own proposer (an error when that is not configured)."""
     has = {p: p in in_target for p in DRAFTING}
     has[Proposer.DRAFT] = drafter is not None or Proposer.DRAFT in in_target
     has[Proposer.NGRAM] = ngram is not None
+    has[Proposer.SUFFIX] = suffix is not None
     allowed = policy.proposers if policy is not None else PROPOSER_SETS[req.proposer]
     if req.proposer == Proposer.HYBRID:
         allowed = tuple(p for p in allowed if has[p])
@@ -247,10 +253,12 @@ def _allowed(req: Request, policy: Policy | None, drafter, ngram,
 
 
 def _proposers(allowed, seq_id: int, req: Request, policy: Policy, drafter, ngram,
-               draft_timeout_s: float | None) -> dict[Proposer, SequenceProposer]:
+               draft_timeout_s: float | None, suffix=None) -> dict[Proposer, SequenceProposer]:
     def make(p: Proposer) -> SequenceProposer:
         if p == Proposer.NGRAM:
             return LookupProposer(ngram, seq_id, req.sampling)
+        if p == Proposer.SUFFIX:
+            return SuffixLookupProposer(suffix, seq_id, req.prompt, req.tenant, req.reproducible)
         if p == Proposer.DRAFT and drafter is not None:
             return DraftModelProposer(drafter, seq_id, req.sampling, draft_timeout_s)
         return InTargetProposer(p, policy)

@@ -28,6 +28,8 @@ TOP_LOGPROBS = "top_logprobs"
 PROMPT_LOGPROBS = "prompt_logprobs"
 # Structured output: the output follows this JSON schema (a grammar masks the target's choice).
 JSON_SCHEMA = "json_schema"
+# Whose earlier outputs suffix decoding may propose from (suffix_tenants "separate").
+TENANT = "tenant"
 # TensorRT-LLM-format inputs, as Triton's own OpenAI frontend sends them: accepted, and refused
 # by name where they ask for what is not implemented.
 RANDOM_SEED = "random_seed"        # seed, as TensorRT-LLM (and that frontend before 25.06) name it

@@ -62,6 +62,8 @@ STRETCH_EVERY = 8
 # its own: with SWIFT on a target where a skipped-layer step costs 0.95 of a verification,
 # probes every few rounds of each of 16 rows took 39 % of the served tok/s (docs/swift.md).
 PROBE_SHARE = 0.03
+# Proposers that look their drafts up in committed text, in the orchestrator's process.
+LOOKUPS = (Proposer.NGRAM, Proposer.SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -235,8 +237,8 @@ class Adaptive(Policy):
         its own gain (a fifth of lookups 8 long, the rest 2 or 3: 0.77x of the best fixed k
         uncapped, 0.96x one past). One past, so that a lookup's own length can still show."""
         w = self.planner.width(p)
-        if p == Proposer.NGRAM:
-            models = [q for q in self.proposers if q != Proposer.NGRAM]
+        if p in LOOKUPS:
+            models = [q for q in self.proposers if q not in LOOKUPS]
             if models:
                 w = min(w, max(self.planner.width(q) for q in models) + 1)
         return w

@@ -16,6 +16,7 @@ from .records import Failure, Proposal, ProposeCall, Proposer, SamplingParams, V
 
 if TYPE_CHECKING:
     from .ngram import NgramProposer
+    from .suffix import SuffixProposer
     from .policy import Policy
 
 
@@ -120,6 +121,33 @@ class LookupProposer(_Cached):
     def offer(self, committed: list[int], limit: int) -> int:
         held, self.held = self.held, len(committed)
         return self.ngram.lookup(self.seq_id, held, committed[held:]).proposes(limit)
+
+
+class SuffixLookupProposer(SequenceProposer):
+    """Suffix decoding (suffix.py): the sequence's own tree, and the server's of earlier
+    outputs unless `own_only` (a seeded sampling request's proposals may depend on its own
+    history alone)."""
+    kind = Proposer.SUFFIX
+    holds = True
+
+    def __init__(self, suffix: "SuffixProposer", seq_id: int, prompt: list[int], tenant: str,
+                 own_only: bool):
+        self.suffix, self.seq_id, self.own_only = suffix, seq_id, own_only
+        suffix.open(seq_id, prompt, tenant)
+        self.pending: list[int] = []
+
+    def offer(self, committed: list[int], limit: int) -> int:
+        self.pending = self.suffix.lookup(self.seq_id, limit, self.own_only)
+        return len(self.pending)
+
+    async def propose(self, committed: list[int], k: int) -> Drafted:
+        return Drafted(Proposal(self.pending[:k], None))
+
+    def observe(self, n: int, k: int, verdict: Verdict, target_fed: int) -> None:
+        self.suffix.commit(self.seq_id, verdict.tokens)
+
+    async def release(self) -> None:
+        self.suffix.finish(self.seq_id)
 
 
 class InTargetProposer(SequenceProposer):

@@ -31,6 +31,7 @@ class Proposer(Name):
     per round (loop.PROPOSER_SETS)."""
     DRAFT = "draft"     # the draft model
     NGRAM = "ngram"     # prompt lookup (ngram.py)
+    SUFFIX = "suffix"   # suffix decoding: this request's text and earlier outputs (suffix.py)
     EAGLE = "eagle"     # an EAGLE-3 head in the target (eagle/)
     SELF = "self"       # the target with layers skipped (swift.py)
     MEDUSA = "medusa"   # Medusa heads on the target's last hidden state (medusa/)
@@ -39,7 +40,8 @@ class Proposer(Name):
 
 # The proposers that draft, and those that always draft inside the target's verification (a
 # draft model may too, placed in the target's process: settings decide).
-DRAFTING = (Proposer.DRAFT, Proposer.NGRAM, Proposer.EAGLE, Proposer.SELF, Proposer.MEDUSA)
+DRAFTING = (Proposer.DRAFT, Proposer.NGRAM, Proposer.EAGLE, Proposer.SELF, Proposer.MEDUSA,
+            Proposer.SUFFIX)
 IN_TARGET = (Proposer.EAGLE, Proposer.SELF, Proposer.MEDUSA)
 
 
@@ -188,6 +190,7 @@ class Request:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     json_schema: str | None = None   # the output follows this JSON schema (grammar.py)
+    tenant: str = ""                 # whose earlier outputs suffix decoding may propose from
 
 
 @dataclass(frozen=True)

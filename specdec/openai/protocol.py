@@ -84,6 +84,7 @@ class Generation:
     echo: bool = False
     score_only: bool = False
     json_schema: str | None = None   # the output is held to it (response_format, forced calls)
+    tenant: str = ""                 # the body's `user`: whose earlier outputs suffix decoding uses
 
     def extra_inputs(self) -> dict[str, int | str]:
         """The orchestrator's inputs that GenerationParams does not hold."""
@@ -96,6 +97,8 @@ class Generation:
             out[names.MAX_TOKENS] = 0
         if self.json_schema is not None:
             out[names.JSON_SCHEMA] = self.json_schema
+        if self.tenant:
+            out[names.TENANT] = self.tenant
         return out
 
     def choice_params(self) -> list[GenerationParams]:
@@ -267,7 +270,8 @@ def parse_chat(body: dict, served: str, tokenizer,
     return Generation(True, body["model"], prompt, _params(body, max_param, server), stream,
                       usage, max_param, n, parser,
                       tools.kept_ids(tokenizer, parser) if parser in tools.PARSERS else
-                      frozenset(), logprobs=(top or 0) if asked else None, json_schema=schema)
+                      frozenset(), logprobs=(top or 0) if asked else None, json_schema=schema,
+                      tenant=_user(body))
 
 
 def _json_schema(body: dict) -> str | None:
@@ -312,7 +316,15 @@ def parse_completion(body: dict, served: str,
     return Generation(False, body["model"], prompt, params, stream, usage, "max_tokens",
                       _n(body, gateway), logprobs=top,
                       prompt_logprobs=top if echo and top is not None else
-                      0 if score_only else None, echo=echo, score_only=score_only)
+                      0 if score_only else None, echo=echo, score_only=score_only,
+                      tenant=_user(body))
+
+
+def _user(body: dict) -> str:
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user", "expected a string")
+    return user or ""
 
 
 def _top(body: dict, name: str) -> int | None:

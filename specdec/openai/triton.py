@@ -47,7 +47,8 @@ PARAMS = {names.TEMPERATURE: "temperature", names.TOP_P: "top_p", names.TOP_K: "
 # The orchestrator's inputs: the token ids preprocessing makes, and the ensemble's others.
 DATATYPES = {**INPUT_DATATYPES, names.INPUT_IDS: "INT32", names.STOP_IDS: "INT32",
              names.STOP_LENGTHS: "INT32", names.TOP_LOGPROBS: "INT32",
-             names.PROMPT_LOGPROBS: "INT32", names.JSON_SCHEMA: "BYTES"}
+             names.PROMPT_LOGPROBS: "INT32", names.JSON_SCHEMA: "BYTES",
+             names.TENANT: "BYTES"}
 # What a response's outputs hold besides the orchestrator's own: its new tokens' logprobs and
 # the prompt's (logprobs.Scored lists), where the request asked.
 SCORED, PROMPT_SCORED = "scored", "prompt_scored"

@@ -25,6 +25,7 @@ from .. import names
 from ..grammar import Constraint, GrammarError, Grammars
 from ..loop import open_policy, speculate
 from ..ngram import NgramProposer
+from ..suffix import SuffixProposer
 from ..planner import Planner
 from ..records import Chunk, Finish, Request, Stats, TokenLogprob
 from . import detokenize
@@ -38,7 +39,8 @@ INPUTS = (names.INPUT_IDS, names.STOP_IDS, names.STOP_LENGTHS, names.MAX_TOKENS,
           names.TEMPERATURE, names.TOP_P, names.TOP_K, names.SEED, names.NUM_DRAFT_TOKENS,
           names.PROPOSER, names.RANDOM_SEED, names.EXCLUDE_INPUT_IN_OUTPUT,
           names.FREQUENCY_PENALTY, names.PRESENCE_PENALTY, names.BAD_WORDS,
-          names.RETURN_LOG_PROBS, names.TOP_LOGPROBS, names.PROMPT_LOGPROBS, names.JSON_SCHEMA)
+          names.RETURN_LOG_PROBS, names.TOP_LOGPROBS, names.PROMPT_LOGPROBS, names.JSON_SCHEMA,
+          names.TENANT)
 
 
 # request.is_cancelled() is a round trip to the server process: at 16 streams, asked every
@@ -69,6 +71,8 @@ class Orchestrator:
         # Prompt lookup runs here, where the committed tokens are: a lookup costs microseconds,
         # a BLS call milliseconds (docs/benchmarks.md).
         self.ngram = NgramProposer(settings.ngram_max_n, settings.ngram_min_n)
+        self.suffix = SuffixProposer(settings.suffix_max_tokens,
+                                     settings.suffix_tenants == "separate")
         self.metrics = metrics
         self.planner = Planner(settings.max_draft_tokens, settings.load_cap,
                                proposers=settings.proposers, in_target=settings.in_target)
@@ -123,7 +127,7 @@ class Orchestrator:
                 await speculate(g.gid, g.req, self.drafter, self.verifier,
                                 self.settings.max_seq_len, g.emit, g.cancelled,
                                 self.metrics.round, policy, self.settings.draft_timeout_s,
-                                self.ngram, self.settings.in_target, constraint)
+                                self.ngram, self.settings.in_target, constraint, self.suffix)
             finally:
                 self.running.discard(g.gid)
                 self.cancelled.discard(g.gid)

@@ -123,7 +123,17 @@ def parse_request(inputs: dict, settings: OrchestratorSettings, eos: tuple[int, 
     return Request(prompt, max_tokens, settings.max_draft_tokens if auto else k, sampling, stop,
                    eos, auto, reproducible, proposer=parse_proposer(inputs, settings),
                    logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                   json_schema=_json_schema(inputs)), stream
+                   json_schema=_json_schema(inputs), tenant=_tenant(inputs)), stream
+
+
+def _tenant(inputs: dict) -> str:
+    arr = inputs.get(names.TENANT)
+    if arr is None:
+        return ""
+    arr = np.asarray(arr, dtype=object).reshape(-1)
+    if arr.size != 1:
+        raise InvalidInput(f"{names.TENANT}: expected one value, got {arr.size}")
+    return decode_text(arr[0], names.TENANT)
 
 
 def _json_schema(inputs: dict) -> str | None:

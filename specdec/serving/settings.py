@@ -209,6 +209,11 @@ class OrchestratorSettings:
                                      # else hybrid with a draft model, else ngram
     ngram_max_n: int = 4             # prompt lookup matches the last max_n..min_n tokens
     ngram_min_n: int = 2
+    # Suffix decoding's tree of earlier outputs (suffix.py): at most this many tokens of them,
+    # the oldest forgotten first (0: a request's own text only); "separate": one tree per
+    # request's tenant input, never shared across tenants.
+    suffix_max_tokens: int = 20000
+    suffix_tenants: str = "shared"
     # A verification batch's most prompt tokens (its first prompt goes whole): a burst of new
     # requests is prefilled in pieces, the first of them streaming before the last is read,
     # and running sequences go on in every piece. -1: auto (128 on a CPU, none on a GPU);
@@ -242,7 +247,7 @@ class OrchestratorSettings:
     @property
     def proposers(self) -> tuple[Proposer, ...]:
         """What this server drafts with."""
-        has = {Proposer.DRAFT: self.has_draft, Proposer.NGRAM: True,
+        has = {Proposer.DRAFT: self.has_draft, Proposer.NGRAM: True, Proposer.SUFFIX: True,
                Proposer.EAGLE: self.has_head, Proposer.SELF: self.has_self,
                Proposer.MEDUSA: self.has_medusa}
         return tuple(p for p, ok in has.items() if ok)
@@ -264,7 +269,8 @@ class OrchestratorSettings:
             return "layers to skip, and $SPECDEC_SELF_SKIP is not set"
         if proposer == Proposer.MEDUSA and not self.has_medusa:
             return "Medusa heads, and $SPECDEC_MEDUSA_HEADS is not set"
-        if proposer == Proposer.HYBRID and self.proposers == (Proposer.NGRAM,):
+        if proposer == Proposer.HYBRID and set(self.proposers) <= {Proposer.NGRAM,
+                                                                   Proposer.SUFFIX}:
             return ("a draft model, an EAGLE-3 head, Medusa heads or layers to skip, and this "
                     "server has none")
         return None
@@ -349,6 +355,9 @@ class OrchestratorSettings:
                                 f"0 (no limit) or a number of tokens")
         if not 1 <= s.ngram_min_n <= s.ngram_max_n:
             raise SettingsError("need 1 <= ngram_min_n <= ngram_max_n")
+        if s.suffix_max_tokens < 0 or s.suffix_tenants not in ("shared", "separate"):
+            raise SettingsError(f"suffix_max_tokens {s.suffix_max_tokens} must be >= 0 and "
+                                f"suffix_tenants {s.suffix_tenants!r} shared or separate")
         return s
 
 

@@ -30,14 +30,14 @@ def test_user_target_without_user_draft_gets_no_toy_draft(monkeypatch, tmp_path)
     paths = model_paths({})
     assert paths.draft == NO_DRAFT and "$SPECDEC_DRAFT_MODEL is unset" in paths.draft_reason
     s = OrchestratorSettings.parse({})
-    assert not s.has_draft and s.proposers == ("ngram",) and s.proposer == "ngram"
+    assert not s.has_draft and s.proposers == ("ngram", "suffix") and s.proposer == "ngram"
     assert EngineSettings.parse({}, "draft").disabled
     line = s.start_line()
-    assert line.startswith("proposers ngram (no draft model; prompt lookup;")
+    assert line.startswith("proposers ngram, suffix (no draft model; prompt lookup;")
     assert str(tmp_path / "llama") in line and "toy draft serves only the default target" in line
     monkeypatch.setenv("SPECDEC_EAGLE_HEAD", str(tmp_path / "head"))
     s = OrchestratorSettings.parse({})
-    assert s.proposers == ("ngram", "eagle") and s.proposer == "eagle"
+    assert s.proposers == ("ngram", "suffix", "eagle") and s.proposer == "eagle"
     assert f"EAGLE-3 head {tmp_path / 'head'}" in s.start_line()
 
 
@@ -45,7 +45,7 @@ def test_user_draft_and_default_target_keep_a_draft(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_TARGET_MODEL", str(tmp_path / "llama"))
     monkeypatch.setenv("SPECDEC_DRAFT_MODEL", str(tmp_path / "small"))
     assert model_paths({}).draft == str(tmp_path / "small")
-    assert OrchestratorSettings.parse({}).proposers == ("draft", "ngram")
+    assert OrchestratorSettings.parse({}).proposers == ("draft", "ngram", "suffix")
     # The default target named explicitly (as the image does) keeps the default draft.
     monkeypatch.setenv("SPECDEC_TARGET_MODEL", str(DEFAULT_TARGET) + "/")
     monkeypatch.delenv("SPECDEC_DRAFT_MODEL")
@@ -70,7 +70,7 @@ def test_speculative_decoding_logs_its_proposers_at_load(checkpoints, monkeypatc
     model.initialize(fake_pb.ModelConfig("speculative_decoding").args())
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "proposers" in ln]
     assert len(lines) == 1
-    assert lines[0].startswith("specdec speculative_decoding: proposers ngram (no draft model")
+    assert lines[0].startswith("specdec speculative_decoding: proposers ngram, suffix (no draft model")
     assert not model.orchestrator.settings.has_draft
     # The streamed windows reach past the tokenizer's special ids (detokenize.window).
     assert model.orchestrator.special == special_ids(target) and len(special_ids(target)) == 2

@@ -28,7 +28,7 @@ def test_auto_places_the_draft_in_the_target_unless_it_has_a_device_or_the_targe
     s = OrchestratorSettings.parse({})
     assert s.drafters.draft_placement == placement
     assert s.in_target == ((DRAFT,) if placement == "target" else ())
-    assert s.proposers == (DRAFT, NGRAM)
+    assert s.proposers == (DRAFT, NGRAM, Proposer.SUFFIX)
 
 
 def test_bad_placement_is_refused_by_name(monkeypatch):
@@ -46,7 +46,7 @@ def test_in_target_proposers_and_the_default(monkeypatch):
     monkeypatch.setenv("SPECDEC_MEDUSA_HEADS", "/m")
     monkeypatch.setenv("SPECDEC_SELF_SKIP", "3,5")
     s = OrchestratorSettings.parse({})
-    assert s.proposers == (NGRAM, EAGLE, Proposer.SELF, Proposer.MEDUSA)
+    assert s.proposers == (NGRAM, Proposer.SUFFIX, EAGLE, Proposer.SELF, Proposer.MEDUSA)
     assert s.in_target == (EAGLE, Proposer.SELF, Proposer.MEDUSA) and not s.draft_in_target
     assert s.missing(DRAFT) and s.missing("hybrid") is None
     monkeypatch.setenv("SPECDEC_EAGLE_HEAD", "none")

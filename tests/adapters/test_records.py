@@ -22,8 +22,9 @@ def test_modules_without_a_model_import_no_torch():
 
 
 def test_names_are_their_strings():
-    assert [str(p) for p in Proposer] == ["draft", "ngram", "eagle", "self", "medusa", "hybrid"]
-    assert DRAFTING == ("draft", "ngram", "eagle", "self", "medusa")
+    assert [str(p) for p in Proposer] == ["draft", "ngram", "suffix", "eagle", "self", "medusa",
+                                         "hybrid"]
+    assert DRAFTING == ("draft", "ngram", "eagle", "self", "medusa", "suffix")
     assert f"{Finish.EOS}/{Off.LOAD_CAP}" == "eos/load_cap"
     assert json.dumps({Proposer.NGRAM: Finish.CANCELLED}) == '{"ngram": "cancelled"}'
     # Counters keyed by enum members are found by the plain strings other code passes.

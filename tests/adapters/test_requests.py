@@ -225,7 +225,7 @@ def test_proposer_defaults_to_the_head_else_hybrid_with_a_draft_else_lookup():
         assert parse_request(inputs(proposer=proposer(p)), SETTINGS, EOS, VOCAB)[0].proposer == p
     # A server with a head, with or without a draft model: the head by default, hybrid asked.
     head_only = OrchestratorSettings(draft_model_path="none", eagle_head_path="/head")
-    assert head_only.proposers == ("ngram", "eagle")
+    assert head_only.proposers == ("ngram", "suffix", "eagle")
     assert parse_request(inputs(), head_only, EOS, VOCAB)[0].proposer == "eagle"
     assert parse_request(inputs(proposer=proposer("hybrid")), head_only, EOS,
                          VOCAB)[0].proposer == "hybrid"
@@ -234,7 +234,7 @@ def test_proposer_defaults_to_the_head_else_hybrid_with_a_draft_else_lookup():
 
 
 @pytest.mark.parametrize("value,settings,message", [
-    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, eagle, self, medusa, hybrid"),
+    ("lookahead", SETTINGS, "proposer: 'lookahead' is not one of draft, ngram, suffix, eagle, self, medusa, hybrid"),
     ("draft", OrchestratorSettings(draft_model_path="none"),
      "proposer: 'draft' needs a draft model, and $SPECDEC_DRAFT_MODEL is 'none'; this server "
      "drafts with ngram"),
@@ -245,7 +245,7 @@ def test_proposer_defaults_to_the_head_else_hybrid_with_a_draft_else_lookup():
                         "set; this server drafts with draft, ngram"),
     ("draft", OrchestratorSettings(draft_model_path="none", eagle_head_path="/h"),
      "proposer: 'draft' needs a draft model, and $SPECDEC_DRAFT_MODEL is 'none'; this server "
-     "drafts with ngram, eagle"),
+     "drafts with ngram, suffix, eagle"),
 ])
 def test_bad_proposer_is_named(value, settings, message):
     with pytest.raises(InvalidInput) as e:

@@ -250,6 +250,18 @@ def test_chat_logprobs_streamed_and_not(client):
     assert plain.choices[0].logprobs is None
 
 
+def test_suffix_decoding_drafts_from_an_earlier_answer(client):
+    """The second time a prompt comes, suffix decoding proposes the first answer, which the
+    target accepts; the output is the target's either way."""
+    kw = dict(model="specdec-chat", prompt=heldout_prompts(6)[5], max_tokens=24, temperature=0)
+    plain = client.completions.create(**kw, extra_body={"num_draft_tokens": 0})
+    extra = {"proposer": "suffix", "num_draft_tokens": 6}
+    again = [client.completions.create(**kw, extra_body=extra) for _ in range(2)]
+    assert [r.choices[0].text for r in again] == [plain.choices[0].text] * 2
+    stats = again[1].model_extra["specdec"]
+    assert stats["total_accepted_draft_tokens"] >= 12, stats   # half the answer, drafted
+
+
 def test_an_empty_logit_bias_changes_nothing(client, triton):
     r = client.completions.create(model="specdec-chat", prompt=PROMPT, max_tokens=8,
                                   temperature=0, logit_bias={})
