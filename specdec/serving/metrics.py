@@ -56,6 +56,11 @@ class Metrics:
         self.active = family("specdec_active_sequences",
                              "Sequences being generated now (KV slots held in draft and target)",
                              kinds.GAUGE).Metric(labels=labels)
+        suffix = family("specdec_suffix_tree",
+                        "Suffix decoding's tree of earlier outputs: tokens kept and trie nodes",
+                        kinds.GAUGE)
+        self.suffix_tokens = suffix.Metric(labels={**labels, "part": "tokens"})
+        self.suffix_nodes = suffix.Metric(labels={**labels, "part": "nodes"})
         def by_proposer(name, description):
             f = family(name, description, kinds.COUNTER)
             return {p: f.Metric(labels={**labels, "proposer": p}) for p in DRAFTING}
@@ -222,6 +227,10 @@ class Metrics:
 
     def set_active(self, n: int) -> None:
         self.post(self.active.set, n)
+
+    def suffix_tree(self, tokens: int, nodes: int) -> None:
+        self.post(self.suffix_tokens.set, tokens)
+        self.post(self.suffix_nodes.set, nodes)
 
     def round(self, r: Round) -> None:
         self._count(self.rounds, 1)

@@ -133,6 +133,7 @@ class Orchestrator:
                 self.cancelled.discard(g.gid)
                 self.planner.close(policy)
                 self.metrics.set_active(self.planner.active)
+                self.metrics.suffix_tree(self.suffix.held, self.suffix.nodes)
                 self.slots.release()
         except Exception as exc:  # every failure becomes this request's error, never the model's
             g.fail(exc)

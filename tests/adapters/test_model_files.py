@@ -170,7 +170,9 @@ def test_metrics_add_up_to_the_returned_statistics(pipeline):
     drafted_at = [value("specdec_drafted_at_position_total", position=str(j)) for j in range(1, 9)]
     assert sum(drafted_at) == value("specdec_draft_tokens_total")
     assert value("specdec_rounds_total") >= drafted_at[0] >= drafted_at[3] > 0   # k = 3 and 4
-    assert drafted_at[4:] == [0, 0, 0, 0]
+    # Past the fixed requests' 4 only the auto request drafted (suffix decoding finds this
+    # prompt's earlier answers and proposes them long).
+    assert sum(drafted_at[4:]) <= stat(auto[-1], names.TOTAL_DRAFT_TOKENS)
     assert value("specdec_active_sequences") == 0
     # Every round that drafted recorded its chosen k: the 3 + 4 fixed ones among them.
     (chosen,) = fake_pb.metrics("specdec_chosen_draft_tokens", model="speculative_decoding")
