@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from inputs import DEFAULT_PROMPTS, DEFAULT_TARGET, load_prompts
-from machine import git_state, machine
+from machine import write_result
 from server import Server
 
 from specdec import names
@@ -134,9 +134,7 @@ def main(argv=None) -> int:
         print(f"| {r['workload']} | {r['streams']} | {r['setting']} | {r['tokens_per_s']:.1f} | "
               f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
               f"{r[names.TOTAL_ACCEPTED_DRAFT_TOKENS]} / {drafted} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"command": sys.argv, "machine": machine(), "git": git_state(),
-                                     "tree": tree, "rows": rows}, indent=1))
+    write_result(args.json, tree=tree, rows=rows)
     return 0
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 
-from machine import git_state, machine
+from machine import write_result
 
 SCHEMA = {
     "type": "object",
@@ -120,10 +120,7 @@ def main(argv=None) -> int:
         print(f"| {name} | {r['compile_ms']:.1f} | {r['mask_us_p50']:.1f} | "
               f"{r['mask_us_p99']:.1f} | {r['mask_us_mean']:.1f} |")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": machine(), "git": git_state(),
-                                         "vocab": vocab, "tokens": len(ids), "rows": rows,
-                                         "command": sys.argv}, indent=1))
+        write_result(args.json, vocab=vocab, tokens=len(ids), rows=rows)
     return 0
 
 

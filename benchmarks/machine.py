@@ -2,9 +2,11 @@
 and the load from others at start and end (other tritonservers share the CPU/GPU)."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from inputs import ROOT
@@ -75,3 +77,10 @@ def other_tritonservers(own: int | None = None) -> int:
 def load_snapshot(own: int | None = None) -> dict:
     return {"loadavg_1_5_15": list(os.getloadavg()),
             "other_tritonserver_processes": other_tritonservers(own)}
+
+
+def write_result(path: Path, **fields) -> None:
+    """A result's JSON: the command, the machine and the commit, then `fields`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"command": sys.argv, "machine": machine(), "git": git_state(),
+                                **fields}, indent=1))

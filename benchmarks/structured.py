@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from inputs import DEFAULT_PROMPTS, DEFAULT_TARGET, load_prompts
-from machine import git_state, machine
+from machine import write_result
 from server import Server
 
 from specdec import names
@@ -103,9 +103,7 @@ def main(argv=None) -> int:
         print(f"| {streams} | {'auto' if k < 0 else k} | {rate['text']:.1f} | "
               f"{rate['json_schema']:.1f} | {rate['json_schema'] / rate['text']:.2f}x | "
               f"{acc['text']:.2f} / {acc['json_schema']:.2f} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"command": sys.argv, "machine": machine(), "git": git_state(),
-                                     "schema": SCHEMA, "rows": rows}, indent=1))
+    write_result(args.json, schema=SCHEMA, rows=rows)
     return 0
 
 

@@ -21,19 +21,25 @@ from tests.adapters.responses import (FINAL, PROMPTS, assert_all_released, asser
                                       finish_reason, out, output_ids)
 
 
-def local_reference(checkpoints, prompt, max_tokens, k, sampling):
-    """The same request through the in-process loop (no Triton, no wire format), with the
-    server's default proposer beside a draft model: hybrid. (Sampled tokens depend on what was
-    proposed, not only on the seed: the reference must propose as the server does.)"""
+def local_chunks(checkpoints, req: Request) -> list:
+    """A request through the in-process loop (no Triton, no wire format): its chunks."""
     target, draft = checkpoints
     cpu = torch.device("cpu")
     t = Engine(load_model(target, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu)
     d = Engine(load_model(draft, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu,
                vocab_size=t.model.args.vocab_size)
     chunks = []
-    asyncio.run(speculate(1, Request(prompt, max_tokens, k, sampling, proposer="hybrid"),
-                          LocalDrafter(d), LocalVerifier(t), MAX_SEQ_LEN, chunks.append,
+    asyncio.run(speculate(1, req, LocalDrafter(d), LocalVerifier(t), MAX_SEQ_LEN, chunks.append,
                           ngram=NgramProposer()))
+    return chunks
+
+
+def local_reference(checkpoints, prompt, max_tokens, k, sampling):
+    """The same request in process, with the server's default proposer beside a draft model:
+    hybrid. (Sampled tokens depend on what was proposed, not only on the seed: the reference
+    must propose as the server does.)"""
+    chunks = local_chunks(checkpoints, Request(prompt, max_tokens, k, sampling,
+                                               proposer="hybrid"))
     return [tok for c in chunks for tok in c.tokens]
 
 
@@ -101,16 +107,8 @@ def test_logprobs_travel_with_their_tokens_over_the_wire(serving, checkpoints):
     fields = dict(max_tokens=12, num_draft_tokens=3, top_logprobs=2, prompt_logprobs=1)
     requests = [orchestrator_request(PROMPTS[0], stream=s, **fields) for s in (False, True)]
     run_all(orch, requests)
-    target, draft = checkpoints
-    cpu = torch.device("cpu")
-    t = Engine(load_model(target, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu)
-    d = Engine(load_model(draft, torch.float32, cpu), 2, MAX_SEQ_LEN, cpu,
-               vocab_size=t.model.args.vocab_size)
-    chunks = []
-    asyncio.run(speculate(1, Request(PROMPTS[0], 12, 3, logprobs=2, prompt_logprobs=1,
-                                     proposer="hybrid"),
-                          LocalDrafter(d), LocalVerifier(t), MAX_SEQ_LEN, chunks.append,
-                          ngram=NgramProposer()))
+    chunks = local_chunks(checkpoints, Request(PROMPTS[0], 12, 3, logprobs=2, prompt_logprobs=1,
+                                               proposer="hybrid"))
     want = [(lp.logprob, list(lp.top)) for c in chunks for lp in c.logprobs]
     want_prompt = [(lp.logprob, list(lp.top)) for lp in chunks[0].prompt_logprobs]
     for r in requests:
