@@ -65,7 +65,6 @@ class Engine:
         # r + 1. The q of each sequence's sampled proposal waits here for its verification.
         self.drafters: dict[Proposer, InTargetDrafter] = {}
         self.q: dict[int, torch.Tensor] = {}
-        self.drafter_fault = None   # tests: () -> an exception a drafter raises, or None
         self.head = None
         if head is not None:   # before any CUDA graph: capture changes forward's output
             head.flash = model.flash
@@ -315,9 +314,6 @@ class Engine:
         fed = max((drafter.behind(c.seq_id) for c, k in zip(sub, ks) if k), default=0)
         params = [c.sampling for c in sub]
         try:
-            fault = self.drafter_fault() if self.drafter_fault else None
-            if fault is not None:
-                raise fault
             proposals, q = drafter.draft(Verified(
                 [c.seq_id for c in sub], [c.start for c in sub], [slots[b] for b in rows], ends,
                 batch.tokens[idx], nxt[idx], scored[idx],

@@ -33,7 +33,7 @@ def control_group():
 
 class Leader:
     """Rank 0's Engine with the same methods; the other attributes are the Engine's (read and
-    set: a test's drafter_fault is the engine's)."""
+    set: the drafters a test makes fail are the engine's)."""
 
     OWN = ("engine", "control", "workers", "failure")
 

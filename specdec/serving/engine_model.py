@@ -107,7 +107,7 @@ class _EngineModel:
             # Per model: draft_model reads the same setting and loads first.
             drafter_faults = faults.Injector(faults.first_process(
                 faults.parse(s.in_target_fault), f"{self.role}_model.in_target"))
-            self.engine.drafter_fault = lambda: drafter_faults.before(1)[0]
+            faults.fail_drafters(self.engine, lambda: drafter_faults.before(1)[0])
         # Benchmarks only: calls padded to a device's cost table (simulate.py), said loudly.
         self.engine = simulate.from_env(self.engine, self.role)
 

@@ -105,3 +105,27 @@ class Injector:
         if delay:
             self.sleep(delay)
         return out
+
+
+class FailingDrafter:
+    """An in-target drafter (in_target.py) whose draft() raises what fault() returns, or
+    drafts: a drafter failing in a verification that stands. Attached from outside the engine
+    (fail_drafters), everything else the drafter's own."""
+
+    def __init__(self, drafter, fault):
+        self.drafter, self.fault = drafter, fault
+
+    def __getattr__(self, name: str):
+        return getattr(self.drafter, name)
+
+    def draft(self, v):
+        error = self.fault()
+        if error is not None:
+            raise error
+        return self.drafter.draft(v)
+
+
+def fail_drafters(engine, fault) -> None:
+    """Every drafter in the engine's process fails when fault() returns an exception."""
+    for kind, drafter in engine.drafters.items():
+        engine.drafters[kind] = FailingDrafter(drafter, fault)

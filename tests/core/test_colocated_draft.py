@@ -9,6 +9,7 @@ from specdec.in_target import ColocatedDraft
 from specdec.planner import Planner
 from specdec.records import IN_TARGET, Proposer, Request
 from specdec.sampling import SamplingParams
+from specdec.serving.faults import fail_drafters
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_distribution import (AcceptanceOnly, LENGTH, PROMPT,
                                                       assert_follows, tally)
@@ -92,7 +93,7 @@ def test_a_failing_colocated_draft_costs_proposals_never_output(pair_dir):
     alone = target_alone(pair_dir, prompts())
     target, _ = colocated(pair_dir)
     calls = iter(range(10**6))
-    target.drafter_fault = lambda: RuntimeError("injected") if next(calls) % 3 == 0 else None
+    fail_drafters(target, lambda: RuntimeError("injected") if next(calls) % 3 == 0 else None)
     rounds = []
     got = generate(target, None, [Request(p, MAX_TOKENS, 3) for p in prompts()],
                    on_round=rounds.append)

@@ -17,6 +17,7 @@ from specdec.planner import Planner
 from specdec.records import Request, VerifyCall
 from specdec.sampling import SamplingParams
 from specdec.weights import load_model
+from specdec.serving.faults import fail_drafters
 from tests.core.conftest import generate
 from tests.core.eagle_helpers import trained_head_dir
 from tests.core.test_fast_paths import reference_flash_with_kvcache
@@ -215,7 +216,7 @@ def test_a_failing_head_costs_its_proposals_never_the_output(pair_dir, head_dir,
     """Every other head run fails: those rounds go on target-only, the output is exact."""
     engine = trained_engine(pair_dir, head_dir)
     calls = iter(range(10**6))
-    engine.drafter_fault = lambda: RuntimeError("injected") if next(calls) % 2 else None
+    fail_drafters(engine, lambda: RuntimeError("injected") if next(calls) % 2 else None)
     rounds = []
     results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")
                                       for p in prompts()], on_round=rounds.append)

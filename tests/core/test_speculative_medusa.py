@@ -22,6 +22,7 @@ from specdec.serving.drafters import attach
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import InTargetSettings, SettingsError
 from specdec.weights import load_model
+from specdec.serving.faults import fail_drafters
 from tests.core.conftest import generate
 from tests.core.distill_helpers import DEFAULT_TARGET
 from tests.core.test_speculative_distribution import (AcceptanceOnly, N, PROMPT, assert_follows,
@@ -186,7 +187,7 @@ def test_a_failing_drafter_costs_its_proposals_never_the_output(pair_dir, pair_h
     """Every other drafting fails: those rounds go on target-only, the output is exact."""
     engine = served(pair_dir[0], pair_heads)
     calls = iter(range(10**6))
-    engine.drafter_fault = lambda: RuntimeError("injected") if next(calls) % 2 else None
+    fail_drafters(engine, lambda: RuntimeError("injected") if next(calls) % 2 else None)
     rounds = []
     results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer=MEDUSA)
                                       for p in prompts()], on_round=rounds.append)

@@ -20,6 +20,7 @@ from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import InTargetSettings, SettingsError
 from specdec.swift import SkipView
 from specdec.weights import load_model
+from specdec.serving.faults import fail_drafters
 from tests.core.conftest import generate
 from tests.core.distill_helpers import DEFAULT_TARGET
 from tests.core.test_speculative_distribution import (AcceptanceOnly, N, PROMPT, assert_follows,
@@ -188,7 +189,7 @@ def test_a_failing_drafter_costs_its_proposals_never_the_output(embedded_greedy)
     """Every other drafting fails: those rounds go on target-only, the output is exact."""
     engine = self_engine(load_model(DEFAULT_TARGET, torch.float64, CPU), (2, 4))
     calls = iter(range(10**6))
-    engine.drafter_fault = lambda: RuntimeError("injected") if next(calls) % 2 else None
+    fail_drafters(engine, lambda: RuntimeError("injected") if next(calls) % 2 else None)
     rounds = check_greedy(engine, prompts(4), embedded_greedy, 4)
     assert sum(r.in_target_failure == "error" for r in rounds) > 5
     assert sum(r.accepted for r in rounds) > 0   # it still drafts between failures
