@@ -116,3 +116,26 @@ def test_sampling_with_suffix_proposals_follows_the_target(small_pair):
     rate = sum(s.total_accepted_draft_tokens for _, s, _ in results) / proposed
     assert proposed > N and 0.15 < rate < 0.95, (proposed, rate)
     assert_follows(tally(results), small_pair[0], small_pair[1], params, prompt)
+
+
+def test_hybrid_with_suffix_decoding_samples_follow_the_target(small_pair):
+    """Per round the policy picks suffix decoding's one-hot proposals or the sampling draft's
+    (its q), by what earlier rounds accepted: the output is still exactly the target's."""
+    from tests.core.test_speculative_distribution import AcceptanceOnly
+    prompt, params = [0, 3, 4, 0, 3], SamplingParams(temperature=1.0)
+    target, draft = engines(small_pair, max_sequences=N, max_len=16)
+    suffix = SuffixProposer(max_tokens=10 ** 6)
+    for i, (tokens, _, _) in enumerate(generate(target, draft, [Request(
+            prompt, LENGTH, 0, SamplingParams(1.0, seed=3 * i + 1)) for i in range(200)])):
+        suffix.open(-1 - i, prompt)
+        suffix.commit(-1 - i, tokens)
+        suffix.finish(-1 - i)
+    suffix.settle()
+    reqs = [Request(prompt, LENGTH, 2, SamplingParams(1.0, seed=1_000_003 * i + 7), auto=True,
+                    prefill_alone=False, proposer="hybrid") for i in range(N)]
+    rounds = []
+    results = generate(target, draft, reqs, planner=AcceptanceOnly(2), on_round=rounds.append,
+                       suffix=suffix)
+    by = {p: sum(r.k for r in rounds if r.proposer == p) for p in ("draft", "suffix")}
+    assert min(by.values()) > N // 10, by          # both proposers carry weight
+    assert_follows(tally(results), small_pair[0], small_pair[1], params, prompt)
