@@ -80,11 +80,7 @@ def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     logits = logits.float()
     if s.all_greedy:
         return _one_hot_argmax(logits)
-    temp = torch.where(s.temperature > 0, s.temperature, 1.0)[:, None, None]
-    scaled = logits / temp
-    if s.any_filter:
-        scaled = _top_k_top_p(scaled, s.top_k, s.top_p)
-    probs = torch.softmax(scaled, dim=-1)
+    probs = torch.softmax(_warped(logits, s), dim=-1)
     if not s.any_greedy:
         return probs
     return torch.where((s.temperature == 0)[:, None, None], _one_hot_argmax(logits), probs)
@@ -93,19 +89,22 @@ def probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
 def apply_token_masks(logits: torch.Tensor, masks: list) -> torch.Tensor:
     """logits [B, P, V] with -inf where row b's mask (int32 [n_b <= P, W], grammar.py's layout,
     or None: no grammar) leaves a token out, at its first n_b positions; in place. One unpacking
-    for the batch (row by row it cost 30 us a row on the CPU)."""
-    b, p, v = logits.shape
+    for the rows with a grammar (row by row it cost 30 us a row on the CPU), none for the rest."""
+    _, p, v = logits.shape
     width = (v + 31) // 32
-    words = np.full((b, p, width), -1, np.int32)          # all allowed: rows without a grammar
-    for i, m in enumerate(masks):
-        if m is not None:
-            n, w = min(len(m), p), min(m.shape[1], width)
-            words[i, :n] = 0                               # ids past the mask's are not allowed
-            words[i, :n, :w] = m[:n, :w]
+    rows = [b for b, m in enumerate(masks) if m is not None]
+    words = np.full((len(rows), p, width), -1, np.int32)   # past a row's n_b: all allowed
+    for i, b in enumerate(rows):
+        m = masks[b]
+        n, w = min(len(m), p), min(m.shape[1], width)
+        words[i, :n] = 0                                   # ids past the mask's are not allowed
+        words[i, :n, :w] = m[:n, :w]
     bits = torch.arange(32, device=logits.device, dtype=torch.int32)
     packed = torch.from_numpy(words).to(logits.device, non_blocking=True)
-    keep = ((packed[..., None] >> bits) & 1).bool().flatten(2)[..., :v]         # [B, P, V]
-    return logits.masked_fill_(~keep, float("-inf"))
+    keep = ((packed[..., None] >> bits) & 1).bool().flatten(2)[..., :v]         # [R, P, V]
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(~keep, float("-inf"))
+    return logits
 
 
 def log_probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
@@ -113,11 +112,16 @@ def log_probabilities(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     samples from (-inf where top-k or top-p leave a token out), and of the model's own softmax
     for a greedy row, whose one-hot distribution would say nothing."""
     logits = logits.float()
+    warped = _warped(logits, s) if not s.all_greedy else logits
+    return torch.log_softmax(torch.where((s.temperature == 0)[:, None, None], logits, warped),
+                             dim=-1)
+
+
+def _warped(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
+    """fp32 logits [B, P, V] as each row samples from them: over its temperature (a greedy
+    row's 1), then top-k and top-p's -inf."""
     scaled = logits / torch.where(s.temperature > 0, s.temperature, 1.0)[:, None, None]
-    if s.any_filter:
-        scaled = torch.where((s.temperature == 0)[:, None, None], scaled,
-                             _top_k_top_p(scaled, s.top_k, s.top_p))
-    return torch.log_softmax(scaled, dim=-1)
+    return _top_k_top_p(scaled, s.top_k, s.top_p) if s.any_filter else scaled
 
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
