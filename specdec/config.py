@@ -94,6 +94,7 @@ class ModelArgs:
     attn_softcap: float | None = None      # cap * tanh(score / cap) (Gemma 2)
     final_softcap: float | None = None     # the same on the logits (Gemma 2)
     fused_checkpoint: bool = False         # qkv_proj / gate_up_proj stored fused (Phi-3)
+    pard_token: int | None = None          # a parallel draft's mask token (parallel_drafts.py)
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -200,7 +201,20 @@ def _parse(cls, model_type: str, c: dict, raw: dict, source: str) -> ModelArgs:
         attn_softcap=_cap(c.get("attn_logit_softcapping")) if gemma else None,
         final_softcap=_cap(c.get("final_logit_softcapping")) if gemma else None,
         fused_checkpoint=model_type == "phi3",
+        pard_token=_mask_token(c, source),
     )
+
+
+def _mask_token(c: dict, source: str) -> int | None:
+    """A PARD checkpoint's mask token: an id of its own vocabulary the tokenizer never yields."""
+    token = c.get("pard_token")
+    if token is None:
+        return None
+    if isinstance(token, bool) or not isinstance(token, int) or not (
+            0 <= token < int(c["vocab_size"])):
+        raise CheckpointError(f"{source}: pard_token {token!r} is not a token id below "
+                              f"vocab_size {c['vocab_size']}")
+    return token
 
 
 def _cap(value) -> float | None:

@@ -26,6 +26,7 @@ from .in_target import InTargetDrafter, Verified
 from .kv_cache import KVCache, SlotPool
 from .logprobs import scored
 from .model import Transformer
+from .parallel_drafts import ParallelDrafts
 from .records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, apply_token_masks, probabilities
 from .transfer import to_device
@@ -65,6 +66,8 @@ class Engine:
         # r + 1. The q of each sequence's sampled proposal waits here for its verification.
         self.drafters: dict[Proposer, InTargetDrafter] = {}
         self.q: dict[int, torch.Tensor] = {}
+        # A PARD checkpoint proposes k tokens in one pass (parallel_drafts.py).
+        self.parallel = None if a.pard_token is None else ParallelDrafts(a.pard_token)
         self.head = None
         if head is not None:   # before any CUDA graph: capture changes forward's output
             head.flash = model.flash
@@ -174,6 +177,8 @@ class Engine:
 
     @torch.inference_mode()
     def propose(self, calls: list[ProposeCall]) -> list[Proposal | SlotError]:
+        if self.parallel is not None:
+            return self.parallel.propose(self, calls)
         slots, results, good = self._open(calls, [c.k - 1 for c in calls])
         if not good:
             return results
@@ -336,6 +341,8 @@ class Engine:
         for seq_id in seq_ids:
             self.pool.release(seq_id)
             self.q.pop(seq_id, None)
+            if self.parallel is not None:
+                self.parallel.release(seq_id)
             for drafter in self.drafters.values():
                 drafter.release(seq_id)
 
