@@ -5,6 +5,7 @@
     specdec distill --method eagle3 --target DIR --out DIR [--draft-vocab N] [--ttt-steps N]
                     [--aux-layers A,B,C] ...
     specdec distill --method medusa --target DIR --out DIR [--medusa-heads N] [--medusa-layers N]
+    specdec distill --method pard --target DIR --out DIR [--from-draft DIR] [--pard-k N]
 
 Stages, each resumable: checks, data (saved to OUT/.distill/data.pt), training (checkpoints in
 OUT/.distill/step-N), then the draft is written to OUT as a Hugging Face directory (an EAGLE-3
@@ -26,7 +27,7 @@ import torch
 
 from ..config import CheckpointError, ModelArgs
 from ..engine import Engine, default_dtype
-from . import checks, data, draft, eagle3_run, measure, medusa, report, train
+from . import checks, data, draft, eagle3_run, measure, medusa, pard, report, train
 from .checks import WORK, DistillError
 
 GEN_BATCH = 64          # sequences the target continues at once
@@ -37,10 +38,11 @@ NOT_RECIPE = {"out", "steps", "checkpoint_every", "device", "threads", "overwrit
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", type=Path, required=True, help="the target's checkpoint directory")
     ap.add_argument("--out", type=Path, required=True, help="the draft's directory (new or empty)")
-    ap.add_argument("--method", choices=("draft", "eagle3", "medusa"), default="draft",
+    ap.add_argument("--method", choices=("draft", "eagle3", "medusa", "pard"), default="draft",
                     help="draft: a small model of the target's layers (default); eagle3: an "
                     "EAGLE-3 head drafting from the target's hidden states; medusa: Medusa-1 "
-                    "heads guessing the next tokens from the target's last hidden state")
+                    "heads guessing the next tokens from the target's last hidden state; pard: "
+                    "a draft model proposing K tokens in one pass (PARD)")
     g = ap.add_argument_group("data (default: the target's own samples)")
     g.add_argument("--prompts", type=Path, help="prompts the target continues: JSON lines with "
                    "a 'prompt' field, or one per line; chat-templated for chat models")
@@ -76,6 +78,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("Medusa-1 heads (--method medusa)")
     g.add_argument("--medusa-heads", type=int, help="heads, one per drafted token (4)")
     g.add_argument("--medusa-layers", type=int, help="residual blocks per head (1)")
+    g = ap.add_argument_group("parallel draft (--method pard; else as --method draft)")
+    g.add_argument("--from-draft", type=Path, help="an autoregressive draft checkpoint to "
+                   "convert (default: a copy of the target's layers, as --method draft)")
+    g.add_argument("--pard-k", type=int, help="tokens it learns to propose in one pass (4)")
+    g.add_argument("--pard-token", type=int, help="its mask token's id (default: the first "
+                   "vocabulary row the tokenizer never yields, else a row appended)")
     g = ap.add_argument_group("training")
     g.add_argument("--steps", type=int, default=1000, help="optimizer steps (1000)")
     g.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
@@ -146,11 +154,15 @@ def _run(args: argparse.Namespace) -> int:
     medusa.check_options(args, t_args)
     if args.method != "medusa":
         eagle3_run.check_options(args, t_args)
+    converted = pard.check_options(args, t_args)
     if args.method == "eagle3":
         cfg, idx, init, d_args = None, None, f"EAGLE-3 head, aux layers {args.aux_layers}", None
     elif args.method == "medusa":
         cfg, idx, d_args = None, None, None
         init = f"{args.medusa_heads} Medusa-1 heads of {args.medusa_layers} blocks"
+    elif converted is not None:
+        cfg, idx, d_args = None, None, converted
+        init = f"parallel draft converted from {args.from_draft}"
     elif args.draft_config:
         cfg, idx = draft.user_config(t_cfg, args.target, args.draft_config), None
         init = f"from scratch, config {args.draft_config}"
@@ -169,14 +181,15 @@ def _run(args: argparse.Namespace) -> int:
     _check_sizes(args, t_args, max_len)
     resume = checks.output_dir(args.out, args.overwrite)
     slots = max(2 * args.batch, GEN_BATCH, args.eval_prompts)
-    freeze = idx is not None and not args.train_embeddings
+    freeze = (idx is not None or converted is not None) and not args.train_embeddings
+    copies = args.pard_k if args.method == "pard" else 1   # a row per mask copy
     dtype = default_dtype(device)
     if args.method == "eagle3":
         parts = eagle3_run.memory_needed(t_args, args, slots, max_len, dtype)
     elif args.method == "medusa":
         parts = medusa.memory_needed(t_args, args, slots, max_len, dtype)
     else:
-        parts = checks.memory_needed(t_args, d_args, not freeze, args.batch, args.seq_len,
+        parts = checks.memory_needed(t_args, d_args, not freeze, args.batch * copies, args.seq_len,
                                      slots, max_len, dtype, train.chunk_tokens(t_args.vocab_size))
     checks.memory(parts, device, args.batch, args.seq_len)
     print(f"{init}; about {sum(parts.values()) / 2**30:.1f} GiB on {device} ("
@@ -204,9 +217,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.method == "medusa":
         return medusa.run(args, t_args, t_cfg, target, ds, work, bar, device, started)
 
-    model = draft.build(cfg, args.target, idx, args.seed).to(device)
+    if converted is not None:
+        model = pard.from_draft(args.from_draft).to(device)
+    else:
+        model = draft.build(cfg, args.target, idx, args.seed).to(device)
     if freeze:
         draft.freeze_embeddings(model)
+    if args.method == "pard":
+        mask = pard.mask_token(len(tokenizer), d_args.vocab_size, args.pard_token)
+        pard.prepare(model, mask, freeze)
     opt = train.optimizer(model, args.lr)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     save_dtype = draft.save_dtype(t_cfg)
@@ -217,9 +236,14 @@ def _run(args: argparse.Namespace) -> int:
                         vocab_size=target.vocab_size, cuda_graphs=False)
         return measure.measure(target, d, ds.heldout, ds.continuations, args.max_k, timed)
 
+    chunk = train.chunk_tokens(t_args.vocab_size)
+
     def step(tokens, lengths, lr: float) -> float:
+        if args.method == "pard":
+            return train.step(model, opt, lambda: pard.loss(
+                model, target, tokens, lengths, args.pard_k, mask, chunk), lr)
         return train.step(model, opt, lambda: train.kl_loss(
-            model, target, tokens, lengths, train.chunk_tokens(t_args.vocab_size)), lr)
+            model, target, tokens, lengths, chunk), lr)
 
     history, final = train.run(args, ds, work, bar, slots, model, opt, step, evaluate, "draft")
     result = report.build(args=args, target=t_args, draft=d_args, init=init, trainable=trainable,

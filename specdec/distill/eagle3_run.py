@@ -25,13 +25,14 @@ HEAD_ONLY = ("draft_vocab", "ttt_steps", "aux_layers")
 
 def check_options(args: argparse.Namespace, t: ModelArgs) -> None:
     """Refuse options of the other method, and the head's out of range; fill the defaults."""
-    mine, others = (DRAFT_ONLY, HEAD_ONLY) if args.method == "draft" else (HEAD_ONLY, DRAFT_ONLY)
+    model = args.method in ("draft", "pard")   # a draft model, not a head
+    others = HEAD_ONLY if model else DRAFT_ONLY
     given = [o for o in others if getattr(args, o) not in (None, False)]
     if given:
         flags = ", ".join("--" + o.replace("_", "-") for o in given)
         raise DistillError(f"{flags}: not an option of --method {args.method} (they belong to "
-                           f"--method {'eagle3' if args.method == 'draft' else 'draft'})")
-    if args.method == "draft":
+                           f"--method {'eagle3' if model else 'draft'})")
+    if model:
         return
     if args.draft_vocab is None:
         args.draft_vocab = eagle3.default_draft_vocab(t.vocab_size)

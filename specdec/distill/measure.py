@@ -7,7 +7,8 @@ position of the target's continuation once (engine.propose, batched over prompts
 rounds of specdec's loop are then replayed exactly for every K <= max_k: the same rounds,
 drafted and accepted tokens as `loop.speculate` at that K (tests/core/test_distill_measure.py).
 The speedup is predicted with Leviathan et al. 2023's cost model, one target pass per round plus
-c per drafted token, on the measured rounds: S = tokens / (rounds + c * drafted).
+c per drafted token, on the measured rounds: S = tokens / (rounds + c * drafted); for a parallel
+draft (PARD), whose one pass drafts every token, c per drafting round instead.
 
     python -m specdec.distill.measure --target DIR --draft DIR --prompts FILE [--tokens 64]
     python -m specdec.distill.measure --target DIR --head DIR --prompts FILE   # an EAGLE-3 head
@@ -91,7 +92,7 @@ def replay(runs: list[int], k: int) -> dict:
     """specdec.loop's rounds at K=k over one continuation of len(runs) tokens (max_tokens = its
     length): a first round of the target alone, then rounds drafting min(k, left - 1) tokens."""
     n, pos = len(runs), 1
-    out = {"tokens": n, "rounds": 1, "drafted": 0, "accepted": 0,
+    out = {"tokens": n, "rounds": 1, "drafted": 0, "accepted": 0, "drafting": 0,
            "drafted_at": [0] * k, "accepted_at": [0] * k}
     while pos < n:
         drafted = min(k, n - pos - 1)
@@ -100,6 +101,7 @@ def replay(runs: list[int], k: int) -> dict:
             out["drafted_at"][j] += 1
             out["accepted_at"][j] += j < accepted
         out["rounds"] += 1
+        out["drafting"] += drafted > 0
         out["drafted"] += drafted
         out["accepted"] += accepted
         pos += accepted + 1
@@ -123,15 +125,17 @@ def acceptance(runs: list[list[int]], max_k: int) -> dict:
         "per_k": {k: {"a": round(t["accepted"] / max(t["drafted"], 1), 4),
                       "tokens_per_round": round(t["tokens"] / t["rounds"], 3),
                       "accepted_per_round": round(t["accepted"] / t["rounds"], 3),
-                      "rounds": t["rounds"], "drafted": t["drafted"], "tokens": t["tokens"]}
+                      "rounds": t["rounds"], "drafted": t["drafted"], "tokens": t["tokens"],
+                      "drafting_rounds": t["drafting"]}
                   for k, t in per_k.items()},
     }
 
 
 def cost_ratio(target: Engine, draft: Engine, prompt: list[int], k: int = 4,
                repeats: int = 20) -> float:
-    """c: the draft's time per drafted token over the target's time for one token, one
-    sequence at a time (as the benchmark defines it), medians of alternating calls."""
+    """c: the draft's time per drafted token (a parallel draft's: per pass of k) over the
+    target's time for one token, one sequence at a time (as the benchmark defines it), medians
+    of alternating calls."""
     n = len(prompt)
     target.verify([VerifyCall(0, 0, prompt, [], None, GREEDY)])
     draft.propose([ProposeCall(0, 0, prompt, k, GREEDY)])
@@ -144,7 +148,7 @@ def cost_ratio(target: Engine, draft: Engine, prompt: list[int], k: int = 4,
         t2 = time.perf_counter()
         if r >= 3:
             t_times.append(t1 - t0)
-            d_times.append((t2 - t1) / k)
+            d_times.append((t2 - t1) / (1 if draft.parallel else k))
     target.release([0])
     draft.release([0])
     return statistics.median(d_times) / statistics.median(t_times)
@@ -170,12 +174,14 @@ def head_cost_ratio(engine: Engine, prompt: list[int], k: int = 4, repeats: int 
     return statistics.median(d_times) / statistics.median(t_times)
 
 
-def predict(acc: dict, c: float) -> dict:
-    """Per K the predicted speedup over the target alone; the best K; K=4."""
+def predict(acc: dict, c: float, per_pass: bool = False) -> dict:
+    """Per K the predicted speedup over the target alone; the best K; K=4. per_pass: c is a
+    parallel draft's, per drafting round."""
     for row in acc["per_k"].values():
-        row["predicted_speedup"] = round(row["tokens"] / (row["rounds"] + c * row["drafted"]), 3)
+        drafted = row["drafting_rounds"] if per_pass else row["drafted"]
+        row["predicted_speedup"] = round(row["tokens"] / (row["rounds"] + c * drafted), 3)
     best = max(acc["per_k"], key=lambda k: acc["per_k"][k]["predicted_speedup"])
-    return {**acc, "c": round(c, 4), "best_k": best}
+    return {**acc, "c": round(c, 4), "c_per": "pass" if per_pass else "token", "best_k": best}
 
 
 def measure(target: Engine, draft: Engine, prompts: list[list[int]], conts: list[list[int]],
@@ -183,7 +189,7 @@ def measure(target: Engine, draft: Engine, prompts: list[list[int]], conts: list
     acc = acceptance(match_runs(draft, prompts, conts, max_k), max_k)
     if not timed:
         return acc
-    return predict(acc, cost_ratio(target, draft, prompts[0]))
+    return predict(acc, cost_ratio(target, draft, prompts[0]), draft.parallel is not None)
 
 
 def load_pair(target: Path, draft: Path, slots: int, max_len: int, device: torch.device

@@ -60,7 +60,7 @@ def _common(args, target: ModelArgs, device: torch.device, sources: dict, histor
     }
     best_figures = {"best_k": best, "a_best_k": per_k[best]["a"],
                     "predicted_speedup_best_k": per_k[best]["predicted_speedup"],
-                    "c": final["c"]}
+                    "c": final["c"], "c_per": final["c_per"]}
     tail = {"heldout": {"prompts": sources["heldout_prompts"],
                         "tokens_per_prompt": args.eval_tokens, "max_k": args.max_k, **final},
             "history": history}
@@ -78,7 +78,7 @@ def build(*, args, target: ModelArgs, draft: ModelArgs, init: str, trainable: in
     losses = [h["loss"] for h in history if h.get("loss") is not None]
     header, best, tail = _common(args, target, device, sources, history, final)
     return {
-        "method": "draft", **header,
+        "method": args.method, **header,
         "draft": {"init": init, **model_summary(draft, trainable)},
         "data": sources,
         "training": {**_training(args, seconds), "final_loss": losses[-1] if losses else None},
@@ -134,6 +134,6 @@ def summary(report: dict) -> str:
     s = report["summary"]
     return (f"held-out acceptance by position (K={h['max_k']}): {pos}\n"
             f"  before training (step {report['history'][0]['step']}):   {before}\n"
-            f"c = {s['c']:.3f} (measured on {report['device']}); K=4: a = {s['a_k4']}, predicted "
+            f"c = {s['c']:.3f} per {s.get('c_per', 'token')} (measured on {report['device']}); K=4: a = {s['a_k4']}, predicted "
             f"speedup {s['predicted_speedup_k4']}x; best K={s['best_k']}: a = {s['a_best_k']}, "
             f"predicted speedup {s['predicted_speedup_best_k']}x")

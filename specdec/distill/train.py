@@ -87,7 +87,12 @@ def kl_loss(draft: torch.nn.Module, target: Engine, tokens: torch.Tensor, length
     real = torch.arange(tokens.shape[1], device=tokens.device) < lengths.to(tokens.device)[:, None]
     t = teacher_hidden(target, tokens, lengths)[real]                       # [N, Dt]
     s = draft.model(input_ids=tokens, use_cache=False).last_hidden_state[real]  # [N, Ds]
-    head = student_head(draft)
+    return mean_kl(student_head(draft), target, s, t, chunk)
+
+
+def mean_kl(head, target: Engine, s: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Mean KL(target || student) over rows: the student's hidden states s [N, Ds] through
+    head, the target's t [N, Dt] through its own logits."""
     if len(s) <= chunk:   # one piece: nothing to save by recomputing it in backward
         return _kl_sum(head, target.model, s, t) / len(s)
     total = sum(checkpoint(_kl_sum, head, target.model, s[i:i + chunk],

@@ -160,13 +160,14 @@ def eagle_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def distilled(tmp_path_factory) -> tuple[Path, Path]:
-    """(draft, Medusa-1 heads): `specdec distill` and `--method medusa` on the default target,
-    tiny runs."""
+    """(parallel draft, Medusa-1 heads): `specdec distill --method pard`, converting the
+    default draft, and `--method medusa` on the default target, tiny runs."""
     from tests.core.distill_helpers import DEFAULT_TARGET, distill
     out = tmp_path_factory.mktemp("distilled")
-    assert distill(DEFAULT_TARGET, out / "draft", "--steps", "2") == 0
+    assert distill(DEFAULT_TARGET, out / "pard", "--method", "pard", "--from-draft",
+                   str(DEFAULT_TARGET.parent / "draft"), "--steps", "4") == 0
     assert distill(DEFAULT_TARGET, out / "medusa", "--method", "medusa", "--steps", "8") == 0
-    return out / "draft", out / "medusa"
+    return out / "pard", out / "medusa"
 
 
 SELF_SKIP = "2,4"   # the set `specdec tune --self` finds on the default target (docs/swift.md)
@@ -174,7 +175,7 @@ SELF_SKIP = "2,4"   # the set `specdec tune --self` finds on the default target 
 
 @pytest.fixture(scope="session")
 def distilled_server(tmp_path_factory, distilled):
-    """All served: test_distill_serve.py's draft (the default proposer) and, in
+    """All served: test_distill_serve.py's parallel draft (the default proposer) and, in
     test_in_target_proposers.py, the heads (`proposer=medusa`) and the target skipping layers
     2 and 4 of its 6 (`proposer=self`). Nothing times out on a busy machine: the rounds are then
     exactly the in-process loop's."""

@@ -1,6 +1,7 @@
-"""A draft made by `specdec distill` from the default target is served by a real tritonserver
-through SPECDEC_DRAFT_MODEL: it loads, the output is the target's own, and the server accepts
-exactly the draft tokens that this draft, run in process, gets accepted."""
+"""A draft made by `specdec distill` from the default target (the default draft converted to a
+parallel draft, `--method pard`) is served by a real tritonserver through SPECDEC_DRAFT_MODEL:
+it loads, the output is the target's own, and the server accepts exactly the draft tokens that
+this draft, run in process, gets accepted."""
 import torch
 from transformers import AutoTokenizer
 
@@ -17,6 +18,7 @@ PROMPTS = heldout_prompts(2)
 
 def test_server_serves_a_distilled_draft(distilled_server, distilled):
     draft = distilled[0]
+    assert ModelArgs.from_dir(draft).pard_token is not None
     cpu = torch.device("cpu")
     tokenizer = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
     target = Engine.load(str(DEFAULT_TARGET), 2, 128, torch.float32, cpu)
