@@ -134,6 +134,19 @@ class Costs:
         # up on skipped tokens): the prior's, at the scale the verifications show.
         return fit(k) * level
 
+    def round_line(self, proposer: Proposer) -> tuple[float, float, float]:
+        """(T(0), a, b): round_s(proposer, k) is T(0) at k = 0 and a + b k for k >= 1, read
+        once for every k (a policy weighs each k of each proposer, each row, each round)."""
+        fit, level = self.propose[proposer], self.verify.level()
+        pa, pb = fit.coef
+        if fit.n < 1 and level is not None:
+            pa, pb = pa * level, pb * level
+        va, vb = self.verify.coef
+        plain = va + self.other(0)
+        if proposer in self.in_target:
+            return plain, plain, pb + vb
+        return plain, pa + plain, pb + vb
+
     def round_s(self, proposer: Proposer | None, k: int) -> float:
         drafting = self.propose_s(proposer, k) if k else 0.0
         if proposer in self.in_target and k:

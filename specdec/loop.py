@@ -167,6 +167,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                 d = d.cut(keep) if keep < len(d.proposal.tokens) else d
             k, t1 = len(d.proposal.tokens), time.perf_counter()
             discarded = proposers[ahead].unused(chosen, k) if ahead else 0
+            ahead_s = (proposers[ahead].pending_s if discarded and chosen is not proposers[ahead]
+                       else None)
             # Verify; an in-target drafter drafts the next round's proposal inside this call,
             # for a round with at least one more token committed.
             next_k = (proposers[ahead].next_k(_room(req, max_len, n + 1, len(out.tokens) + 1))
@@ -193,7 +195,8 @@ async def speculate(seq_id: int, req: Request, drafter: Drafter, verifier: Verif
                       prefill=n - target_len > 2, draft_fed=d.fed, failure=d.failure,
                       limit=limit, reason=choice.reason, proposer=choice.proposer,
                       drafted=d.drafted, in_target_failure=verdict.failure,
-                      batch_k=max(verdict.batch_k, k), discarded=discarded, ahead=ahead)
+                      batch_k=max(verdict.batch_k, k), discarded=discarded, ahead=ahead,
+                      ahead_s=ahead_s)
             target_len, verified_at = n + r.accepted, t2
             _count(stats, r)
             policy.observe(r)

@@ -143,6 +143,8 @@ class Planner:
         # row would see more drafts as free while together they slow every round.
         if r.k and r.draft_fed <= 2:         # a draft catching up on many tokens is a prefill
             costs.propose[r.proposer].add(r.drafted or r.k, r.draft_s)
+        if r.ahead_s is not None:            # drafted a round ahead, for nothing
+            costs.propose[r.ahead].add(r.discarded, r.ahead_s)
         costs.verify.add(r.k if r.batch_k is None else r.batch_k, r.verify_s)
         if r.other_s is not None:
             costs.other.add(0, r.other_s)

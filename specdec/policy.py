@@ -64,6 +64,10 @@ STRETCH_EVERY = 8
 PROBE_SHARE = 0.03
 # Proposers that look their drafts up in committed text, in the orchestrator's process.
 LOOKUPS = (Proposer.NGRAM, Proposer.SUFFIX)
+# Rounds a choice of no drafts is held without choosing again (Held). Choosing costs 25-30 us a
+# row a round in Python; with an untrained draft, never drafting at 16 streams, it and the
+# lookahead's were 0.88x of target-only served on the CPU.
+HOLD_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,17 @@ class Choice:
     k: int
     reason: Off | None = None   # why k is 0 though drafts were allowed
     proposer: Proposer = Proposer.DRAFT
+
+
+@dataclass
+class Held:
+    """A choice of no drafts, held for a few rounds (HOLD_ROUNDS): while its proposers offer
+    what they offered then and none is due a probe, choosing again would give it again (a frozen
+    policy reads nothing that changes meanwhile; a live one reads server-wide estimates that
+    move little in a few rounds)."""
+    offers: dict[Proposer, int]   # the most each offered (0: none)
+    due: dict[Proposer, float]    # those weighed: off_rounds when a probe is due (inf: never)
+    rounds: int                   # rounds it holds yet
 
 
 class Policy:
@@ -155,6 +170,10 @@ class Adaptive(Policy):
         self.probe: Proposer | None = None   # the proposer this round's k = 1 probes
         self.idle_ahead = 0   # rounds the in-target drafter, off, was asked for nothing
         self.drafted_rounds = 0
+        self.held: Held | None = None
+        # The lookahead's decision that `ahead` is off and dear, held this many rounds more
+        # (its probes every ahead_every rounds): choosing it again costs as choose does.
+        self.ahead_held, self.ahead_every = 0, 0
 
     def acceptance(self, proposer: Proposer) -> list[float]:
         """The sequence's own counts over a prior: the server's live estimate (a sequence
@@ -178,10 +197,13 @@ class Adaptive(Policy):
         cap = self._cap(cap)
         if cap == 0:
             return Choice(0)
+        if self._still_held(cap, available):
+            return Choice(0, Off.ACCEPTANCE)
+        self.held = None
         costs = self.costs()
         best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
         offers: dict[Proposer, tuple[int, int]] = {}   # (the most it offers, its own best k)
-        why = Off.NO_MATCH
+        why, holdable = Off.NO_MATCH, True
         for p in self._offered(available):
             kmax = min(cap, (available or {}).get(p, cap))
             if kmax == 0:
@@ -190,7 +212,7 @@ class Adaptive(Policy):
                 continue
             if p == Proposer.DRAFT and p not in self.planner.in_target and \
                     self.planner.draft_blocked(self):
-                why = Off.DRAFT_DOWN
+                why, holdable = Off.DRAFT_DOWN, False   # asked each round: it may probe
                 continue
             k, rate = _best(self.acceptance(p)[:kmax], costs, p)
             offers[p] = (kmax, k)
@@ -221,11 +243,38 @@ class Adaptive(Policy):
             # width then): drafting less than the widest row saves no row anything.
             k = offers[p][0] if p == self.ahead else min(self._width(p), offers[p][0])
         if k == 0:
+            if offers and holdable:
+                self._hold(cap, available, offers, costs)
             return Choice(0, Off.ACCEPTANCE if offers else why)
         self.drafted_rounds += 1
         if not shared and self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
             k = min(k + 1, offers[p][0])
         return self._draft(k) if p == Proposer.DRAFT else Choice(k, None, p)
+
+    def _still_held(self, cap: int, available: dict[Proposer, int] | None) -> bool:
+        """Whether this round holds the last choice of no drafts (Held); its rounds count as
+        chosen: off_rounds advance."""
+        held = self.held
+        if held is None or held.rounds == 0 or self._offers(cap, available) != held.offers:
+            return False
+        if any(self.off_rounds[p] + 1 >= due for p, due in held.due.items()):
+            return False
+        held.rounds -= 1
+        self.probe = None
+        for p in held.due:
+            self.off_rounds[p] += 1
+        return True
+
+    def _offers(self, cap: int, available: dict[Proposer, int] | None) -> dict[Proposer, int]:
+        return {p: min(cap, (available or {}).get(p, cap)) for p in self._offered(available)}
+
+    def _hold(self, cap: int, available: dict[Proposer, int] | None,
+              offers: dict[Proposer, tuple[int, int]], costs: Costs) -> None:
+        """Hold this choice of no drafts (every proposer in `offers`, the ones choose weighed,
+        is off and none probed)."""
+        due = {q: self._probe_every(q, costs) if _best([1.0] * kmax, costs, q)[0]
+               else math.inf for q, (kmax, _) in offers.items()}
+        self.held = Held(self._offers(cap, available), due, HOLD_ROUNDS)
 
     def _shared(self) -> bool:
         """Whether this row drafts the batch's width (Planner.width): at load, unless frozen."""
@@ -248,6 +297,9 @@ class Adaptive(Policy):
         p = self.ahead
         if p is None or cap == 0:
             return 0
+        if self.ahead_held:   # off and dear, as below, a few rounds more
+            self.ahead_held -= 1
+            return self._idle_ahead(p, self.ahead_every)
         # What the next round will take: the estimates' best, one more when that round
         # stretches (its choice reaches one past the best). Every step drafted runs over the
         # whole batch, so a step drafted every round for the one round in STRETCH_EVERY that
@@ -256,21 +308,24 @@ class Adaptive(Policy):
         k = _best(self.acceptance(p)[:cap], costs, p)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
         if k == 0 and _dear(p, costs):
-            # Off, and its step dear (the target with layers skipped, a draft model, a head past
-            # PROBE_SHARE): one token only for the round that will probe it, or every round
-            # would pay a step for drafts thrown away. A step within PROBE_SHARE of a round
-            # (Medusa's heads) is cheap: it drafts one every round, ready to probe.
-            self.idle_ahead += 1
-            every = self._spread(p, costs)
-            if self.idle_ahead < every:
-                return 0
-            self.idle_ahead = 0
-            self.off_rounds[p] = every   # the next choice probes what it drafts
-            return 1
+            # Off, and its token dear (_dear): one token only for the round that will probe
+            # it, or every round would pay a step for drafts thrown away. One within
+            # PROBE_SHARE of a round is cheap: it drafts one every round, ready to probe.
+            self.ahead_every, self.ahead_held = self._spread(p, costs), HOLD_ROUNDS
+            return self._idle_ahead(p, self.ahead_every)
         self.idle_ahead = 0
         if self._shared():
             return min(cap, max(1, self._width(p)))
         return min(cap, max(1, k + stretches))
+
+    def _idle_ahead(self, p: Proposer, every: int) -> int:
+        """Nothing, but one token every `every` rounds, for the round that will probe it."""
+        self.idle_ahead += 1
+        if self.idle_ahead < every:
+            return 0
+        self.idle_ahead = 0
+        self.off_rounds[p] = every   # the next choice probes what it drafts
+        return 1
 
     def _probe_every(self, p: Proposer, costs: Costs) -> int:
         """Rounds between this sequence's probes of p: its backoff, and where p's step is dear
@@ -295,6 +350,7 @@ class Adaptive(Policy):
         super().observe(r)
         if r.failure or not r.k:
             return
+        self.ahead_held = 0   # what it learned may turn `ahead` back on
         self.own[r.proposer].add(r.k, r.accepted)
         if self.probe == r.proposer:
             self.planner.observe_probe(r.proposer, r.draft_s)
@@ -305,18 +361,23 @@ class Adaptive(Policy):
 
 
 def _dear(p: Proposer, costs: Costs) -> bool:
-    """Its step costs more than PROBE_SHARE of a round: drafted every round while off, ready to
-    probe, it would cost every round more than probes may (a draft model, the target with
-    layers skipped, a head on a small target); not Medusa's heads or a lookup. A threshold
-    above the share flipped by noise: a 1B draft's step at 16 rows of an 8B target is 0.12 of
-    its verification on an H200, and wherever it read under 0.1 the batch drafted a token a
-    round that no row used (0.64 of target-only served, 2026-11-27)."""
-    return costs.propose_s(p, 1) - costs.propose_s(p, 0) > PROBE_SHARE * costs.round_s(None, 0)
+    """A token of it costs more than PROBE_SHARE of a round: drafted every round while off,
+    ready to probe, it would cost every round more than probes may (a draft model, the target
+    with layers skipped, a head on a small target, Medusa's heads where their LM heads weigh
+    like the target's); not a lookup. A threshold above the share flipped by noise: a 1B draft's
+    step at 16 rows of an 8B target is 0.12 of its verification on an H200, and wherever it
+    read under 0.1 the batch drafted a token a round that no row used (0.64 of target-only
+    served, 2026-11-27). A token is the fit's slope, but Medusa's: its heads run once for all
+    the tokens asked, and not at all in a round that asks none (0.85x of target-only served
+    on the CPU, never chosen, where they weigh 0.8 of the target)."""
+    spent = costs.propose_s(p, 1) - (0.0 if p == Proposer.MEDUSA else costs.propose_s(p, 0))
+    return spent > PROBE_SHARE * costs.round_s(None, 0)
 
 
 def rates(acceptance: list[float], costs: Costs, proposer: Proposer) -> list[float]:
     """E(k) / T(k), expected committed tokens a second, for k = 0..len(acceptance)."""
-    return [tokens / max(costs.round_s(proposer, k), 1e-9)
+    t0, a, b = costs.round_line(proposer)
+    return [tokens / max(a + b * k if k else t0, 1e-9)
             for k, tokens in enumerate(expected_tokens(acceptance))]
 
 

@@ -219,6 +219,9 @@ class Round:
     # round did not verify: its steps spent for nothing (another proposer won, or k was less).
     discarded: int = 0
     ahead: Proposer | None = None
+    # What `ahead` took to draft them, where this round chose another proposer or none (its
+    # cost is learned from these too: one that is never chosen still drafts, ready to probe).
+    ahead_s: float | None = None
 
 
 @dataclass

@@ -293,3 +293,91 @@ def test_a_heads_catch_up_is_no_cost_of_drafting():
         assert costs.round_s("draft", k) == pytest.approx(
             costs.propose_s("draft", k) + costs.verify(k) + costs.other(0))
     assert costs.round_s("eagle", 0) == costs.round_s(None, 0)
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_choice_of_no_drafts_is_held_a_few_rounds_and_probes_when_it_would(frozen,
+                                                                             monkeypatch):
+    """An off proposer is not weighed again every round (choosing is Python, a row's every
+    round): the choice of no drafts holds HOLD_ROUNDS rounds. A frozen policy reads nothing
+    that changes meanwhile, so it chooses exactly as if it weighed every round; a live one
+    probes as rarely and stays as fast."""
+    import specdec.policy as policy_module
+    hold = policy_module.HOLD_ROUNDS
+
+    def run(hold: int) -> tuple[list[int], float, int]:
+        monkeypatch.setattr(policy_module, "HOLD_ROUNDS", hold)
+        weighed = [0]
+        real = policy_module._best
+
+        def counted(*args):
+            weighed[0] += 1
+            return real(*args)
+        monkeypatch.setattr(policy_module, "_best", counted)
+        planner = Planner(8)
+        ks, rate = play(planner.open(8, auto=True, frozen=frozen), lambda i: 0.02, 600,
+                        random.Random(7))
+        monkeypatch.setattr(policy_module, "_best", real)
+        return ks, rate, weighed[0]
+
+    every_round, rate, weighed = run(0)
+    held, held_rate, held_weighed = run(hold)
+    assert hold >= 4
+    assert held_weighed < weighed / 3                  # weighed a third as often, or less
+    probes = sum(k > 0 for k in held)
+    assert 0 < probes <= 20                            # it still probes, as rarely
+    if frozen:
+        assert held == every_round
+    else:
+        assert abs(probes - sum(k > 0 for k in every_round)) <= 3
+        assert held_rate >= 0.97 * fixed_rate(0.02, 0) and held_rate >= 0.99 * rate
+
+
+def test_a_held_choice_is_left_when_a_lookup_finds_a_match():
+    planner = Planner(8)
+    policy = planner.open(8, auto=True, proposers=("ngram", "draft"))
+    for _ in range(40):   # the draft never pays: off
+        policy.observe(Round(1, 0, 0.05, 0.005, 0.0005, False, 1, None, 8, None, "draft"))
+    assert policy.choose(8, {"draft": 8, "ngram": 0}).k == 0 and policy.held is not None
+    c = policy.choose(8, {"draft": 8, "ngram": 5})
+    assert c.k > 0 and c.proposer == "ngram" and policy.held is None
+
+
+def test_a_rounds_cost_line_is_round_s_at_every_k():
+    planner = Planner(8, in_target=("eagle", "self"))
+    policy = planner.open(8, auto=True)
+    play(policy, lambda i: 0.7, 80, random.Random(8))
+    for costs in (planner.costs_now(), planner.frozen_costs, Costs.prior(PriorCosts())):
+        for p in ("draft", "ngram", "eagle", "self", "medusa"):
+            t0, a, b = costs.round_line(p)
+            assert t0 == pytest.approx(costs.round_s(p, 0), rel=1e-12)
+            for k in range(1, 9):
+                assert a + b * k == pytest.approx(costs.round_s(p, k), rel=1e-12)
+
+
+def test_heads_never_chosen_learn_their_cost_from_unused_drafts_and_idle_while_off():
+    """Medusa's heads off (their drafts never accepted) drafted a token every round, ready to
+    probe, at the prior's cost, learned only where chosen: where they weigh as much as the
+    target (the CPU's default pair) that was 0.85x of target-only, never drafting. What unused
+    drafts took is learned too, and heads that cost their whole call draft only for probes."""
+    verify_s, heads_s = 0.004, 0.003
+    planner = Planner(8, proposers=("medusa",), in_target=("medusa",))
+    policy = planner.open(8, auto=True, proposers=("medusa",))
+    for _ in range(30):   # drafted a round ahead, never chosen
+        policy.observe(Round(k=0, accepted=0, draft_s=0.0, verify_s=verify_s, limit=8,
+                             proposer="medusa", discarded=1, ahead="medusa", ahead_s=heads_s))
+    assert planner.costs_now().propose_s("medusa", 1) == pytest.approx(heads_s, rel=0.05)
+    for _ in range(30):   # its drafts are never accepted: off
+        policy.observe(Round(k=1, accepted=0, draft_s=heads_s, verify_s=verify_s,
+                             proposer="medusa", drafted=1))
+    pending, drafting = 0, []
+    for _ in range(200):
+        c = policy.choose(8, {"medusa": pending})
+        unused = pending - c.k
+        policy.observe(Round(k=c.k, accepted=0, draft_s=heads_s if c.k else 0.0,
+                             verify_s=verify_s, limit=8, reason=c.reason, proposer="medusa",
+                             drafted=c.k, discarded=unused, ahead="medusa",
+                             ahead_s=heads_s if unused and not c.k else None))
+        pending = policy.lookahead(8)
+        drafting.append(pending > 0)
+    assert 0 < sum(drafting) <= 20, sum(drafting)    # only for its probes
