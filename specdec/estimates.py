@@ -134,6 +134,11 @@ class Costs:
         # up on skipped tokens): the prior's, at the scale the verifications show.
         return fit(k) * level
 
+    def catches_up(self, proposer: Proposer | None) -> bool:
+        """Whether its fit's intercept is paid drafting or not: an in-target drafter's, but
+        Medusa's heads, which run once for every token asked and not at all for none."""
+        return proposer in self.in_target and proposer != Proposer.MEDUSA
+
     def round_line(self, proposer: Proposer) -> tuple[float, float, float]:
         """(T(0), a, b): round_s(proposer, k) is T(0) at k = 0 and a + b k for k >= 1, read
         once for every k (a policy weighs each k of each proposer, each row, each round)."""
@@ -143,13 +148,13 @@ class Costs:
             pa, pb = pa * level, pb * level
         va, vb = self.verify.coef
         plain = va + self.other(0)
-        if proposer in self.in_target:
+        if self.catches_up(proposer):
             return plain, plain, pb + vb
         return plain, pa + plain, pb + vb
 
     def round_s(self, proposer: Proposer | None, k: int) -> float:
         drafting = self.propose_s(proposer, k) if k else 0.0
-        if proposer in self.in_target and k:
+        if k and self.catches_up(proposer):
             # It drafts inside every verification of a sequence that uses it, and catches up
             # there drafting or not (an EAGLE-3 head's cache must hold every position): only its
             # steps are this choice's.

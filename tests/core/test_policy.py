@@ -381,3 +381,20 @@ def test_heads_never_chosen_learn_their_cost_from_unused_drafts_and_idle_while_o
         pending = policy.lookahead(8)
         drafting.append(pending > 0)
     assert 0 < sum(drafting) <= 20, sum(drafting)    # only for its probes
+
+
+def test_medusa_heads_cost_their_whole_call_when_asked_and_nothing_when_not():
+    """A head's catch-up is paid drafting or not, so only its steps are a choice's; Medusa's
+    heads run once for all the tokens asked and not at all for none: their whole call is."""
+    planner = Planner(8, in_target=("eagle", "medusa"))
+    costs = planner.costs_now()
+    for _ in range(40):
+        costs.propose["medusa"].add(1, 0.003)
+        costs.propose["medusa"].add(4, 0.0031)
+        costs.propose["eagle"].add(1, 0.003)
+        costs.propose["eagle"].add(4, 0.0031)
+        costs.verify.add(0, 0.004)
+        costs.verify.add(4, 0.0042)
+    plain = costs.round_s(None, 0)
+    assert costs.round_s("medusa", 1) - plain == pytest.approx(0.003 + 0.00005, rel=0.02)
+    assert costs.round_s("eagle", 1) - plain < 0.0002
