@@ -243,9 +243,13 @@ class Engine:
             for drafter in followers:   # before any drafts: they draft from what is committed
                 drafter.committed(c.seq_id, c.start, c.tokens + new)
         ahead: dict[int, dict] = {}
-        if self.drafters:
+        asked = {kind: [b for b, c in enumerate(cs) if c.next_by == kind and c.next_k is not None
+                        and (c.next_k or drafter.reads_every_verification)]
+                 for kind, drafter in self.drafters.items()}
+        if any(asked.values()):
             scored = hidden[torch.arange(len(cs), device=self.device), accepted_t]    # [B, D]
-            ahead = self._draft_next(cs, accepted, scored, features, batch, slots, nxt_t)
+            ahead = self._draft_next(asked, cs, accepted, scored, features, batch, slots,
+                                     nxt_t)
         for b, (i, c, m, new) in enumerate(zip(good, cs, accepted, tokens)):
             results[i] = Verdict(new, m, batch_k=k_max, **ahead.get(b, {}),
                                  **self._logprobs(c, new, logits[b], full[b]))
@@ -293,18 +297,17 @@ class Engine:
             return replace(c, drafts=[], draft_probs=None)
         return replace(c, draft_probs=q[: len(c.drafts)])
 
-    def _draft_next(self, cs: list[VerifyCall], accepted: list[int], scored: torch.Tensor,
-                    features: torch.Tensor | None, batch: Batch, slots: list[int],
-                    nxt: torch.Tensor) -> dict[int, dict]:
-        """Each in-target drafter's next proposal for the rows that ask it: row -> its verdict's
-        proposal fields. A failure costs the proposal, never the verdict: the round's tokens
-        stand."""
+    def _draft_next(self, asked: dict[Proposer, list[int]], cs: list[VerifyCall],
+                    accepted: list[int], scored: torch.Tensor, features: torch.Tensor | None,
+                    batch: Batch, slots: list[int], nxt: torch.Tensor) -> dict[int, dict]:
+        """Each in-target drafter's next proposal for the rows that ask it (asked: its rows):
+        row -> its verdict's proposal fields. A failure costs the proposal, never the verdict:
+        the round's tokens stand."""
         out: dict[int, dict] = {}
-        for kind, drafter in self.drafters.items():
-            rows = [b for b, c in enumerate(cs) if c.next_k is not None and c.next_by == kind]
+        for kind, rows in asked.items():
             if rows:
-                out.update(self._draft_with(drafter, rows, cs, accepted, scored, features,
-                                            batch, slots, nxt))
+                out.update(self._draft_with(self.drafters[kind], rows, cs, accepted, scored,
+                                            features, batch, slots, nxt))
         return out
 
     def _draft_with(self, drafter: InTargetDrafter, rows: list[int], cs: list[VerifyCall],

@@ -47,6 +47,9 @@ class Verified:
 class InTargetDrafter:
     capture: tuple[int, ...] = ()   # target layers whose outputs it reads (model.capture)
     follows_commits = False         # True: committed() is called for every verified row
+    # True: draft() reads every verification of its rows, asked for tokens or not (an EAGLE-3
+    # head's cache must hold every position); else a row asking none is not passed to it.
+    reads_every_verification = False
 
     def committed(self, seq_id: int, start: int, tokens: list[int]) -> None:
         """Every verified row, drafting or not: `tokens` are committed from position `start`

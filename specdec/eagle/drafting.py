@@ -22,6 +22,8 @@ from .head import EagleHead
 
 
 class HeadDrafter(InTargetDrafter):
+    reads_every_verification = True
+
     def __init__(self, head: EagleHead, max_sequences: int, max_len: int, dtype: torch.dtype,
                  device: torch.device, vocab_size: int):
         a = head.args.layer
