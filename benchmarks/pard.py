@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from clients import run_requests
-from inputs import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, ROOT, load_prompts
+from inputs import (DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, ROOT, load_prompts,
+                    load_tokenizer)
 from machine import write_result
 from progress import log
 from server import Server
@@ -112,7 +113,6 @@ def main(argv=None) -> int:
         make(args.make, args.steps)
     torch.set_num_threads(2)
     texts = load_prompts(DEFAULT_PROMPTS, args.prompts)
-    from inputs import load_tokenizer
     tok = load_tokenizer(DEFAULT_TARGET)
     ids = [tok(p)["input_ids"] for p in texts]
     max_len = max(map(len, ids)) + args.tokens + max(KS) + 1

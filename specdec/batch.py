@@ -7,6 +7,15 @@ from dataclasses import dataclass
 import torch
 
 from .kv_cache import KVCache
+from .transfer import to_device
+
+
+def rows_from(hidden: torch.Tensor, first: list[int], n: int) -> torch.Tensor:
+    """Each row's n hidden states from index first[b] on, [B, n, D] (past a row's end: its last
+    index, whose result the caller ignores)."""
+    base = to_device(first, hidden.device)
+    idx = (base[:, None] + torch.arange(n, device=hidden.device)).clamp(max=hidden.shape[1] - 1)
+    return hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from . import attention, gpu_pointwise, memory
-from .batch import Batch
+from .batch import Batch, rows_from
 from .cpu import (attention as cpu_attention, build as cpu_build, linear as cpu_linear,
                   pointwise as cpu_pointwise)
 from .config import CheckpointError
@@ -218,10 +218,7 @@ class Engine:
         features = hidden[..., d:] if self.model.capture else None        # [B, T, A D]
         hidden = full = hidden[..., :d]
         # Score the last committed token and every draft: K+1 positions per row.
-        base = to_device([len(c.tokens) - 1 for c in cs], self.device)
-        idx = (base[:, None] + torch.arange(k_max + 1, device=self.device)).clamp(
-            max=hidden.shape[1] - 1)
-        hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        hidden = rows_from(hidden, [len(c.tokens) - 1 for c in cs], k_max + 1)
         s = BatchSampling.stack([c.sampling for c in cs], self.device)
         logits = self._logits(hidden)                                      # [B, K+1, V]
         if any(c.masks is not None for c in cs):   # a grammar's: the target's choice within it

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .batch import Batch
+from .batch import Batch, rows_from
 from .records import Proposal, ProposeCall, SlotError
 from .sampling import DRAFT, BatchSampling, probabilities, sample
 from .transfer import to_device
@@ -44,15 +44,12 @@ class ParallelDrafts:
             fed = drafts[: c.start - start] + c.tokens
             starts.append(start)
             rows.append([t if t < v_own else 0 for t in fed] + [self.mask] * (c.k - 1))
-        first = [s + len(r) - c.k + 1 for s, r, c in zip(starts, rows, cs)]   # d_1's position
+        last = [len(r) - c.k for r, c in zip(rows, cs)]   # the last committed token's row
+        first = [s + j + 1 for s, j in zip(starts, last)]   # d_1's position
         batch = Batch.build(rows, starts, slots, engine.cache, engine.device)
         hidden = engine._forward(batch)                                     # [B, T, D]
         k_max = max(c.k for c in cs)
-        base = to_device([f - s - 1 for f, s in zip(first, starts)], engine.device)
-        idx = (base[:, None] + torch.arange(k_max, device=engine.device)).clamp(
-            max=hidden.shape[1] - 1)                                         # [B, K]
-        logits = engine._logits(hidden.gather(1, idx[..., None].expand(-1, -1,
-                                                                       hidden.shape[-1])))
+        logits = engine._logits(rows_from(hidden, last, k_max))            # [B, K, V]
         if self.mask < logits.shape[-1]:   # never proposed: a draft little trained copies it
             logits[..., self.mask] = float("-inf")                            # [B, K, V]
         s = BatchSampling.stack([c.sampling for c in cs], engine.device)

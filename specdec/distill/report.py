@@ -134,6 +134,7 @@ def summary(report: dict) -> str:
     s = report["summary"]
     return (f"held-out acceptance by position (K={h['max_k']}): {pos}\n"
             f"  before training (step {report['history'][0]['step']}):   {before}\n"
-            f"c = {s['c']:.3f} per {s.get('c_per', 'token')} (measured on {report['device']}); K=4: a = {s['a_k4']}, predicted "
+            f"c = {s['c']:.3f} per {s['c_per']} (measured on {report['device']}); K=4: "
+            f"a = {s['a_k4']}, predicted "
             f"speedup {s['predicted_speedup_k4']}x; best K={s['best_k']}: a = {s['a_best_k']}, "
             f"predicted speedup {s['predicted_speedup_best_k']}x")
