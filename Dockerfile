@@ -56,9 +56,9 @@ RUN python3 -m pip install fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 uv
         llguidance==1.9.1
 # A C compiler and Python's headers for triton (torch's CUDA wheel brings triton 3.7.1): it
 # compiles each kernel's launcher when the kernel is first loaded, and the exact mode's linear
-# layers run a Triton kernel on CUDA (specdec/invariant_gemm.py). Without them the load probe
+# layers run a Triton kernel on CUDA (specdec/kernels/invariant_gemm.py). Without them the load probe
 # fails and those layers fall back to cuBLAS over 128-row blocks, slower (docs/exactness.md).
-# An engine on the CPU compiles its own kernels with the same gcc (specdec/cpu/build.py).
+# An engine on the CPU compiles its own kernels with the same gcc (specdec/kernels/cpu/build.py).
 # Ubuntu 24.04's packages, as the base image's apt sources give them.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
@@ -109,6 +109,6 @@ HEALTHCHECK --start-period=15m --interval=30s --timeout=10s --retries=3 \
 # --host 0.0.0.0 --port 9000`, calling Triton's gRPC port on 127.0.0.1) as a kept companion:
 # started with it, started again with the same backoff if it dies, stopped with it. Its
 # readiness is GET :9000/health (503 until the ensemble answers), its liveness /health/live.
-CMD ["python3", "-m", "specdec.serving.launch", "--tritonserver=tritonserver", \
+CMD ["python3", "-m", "specdec.launcher.launch", "--tritonserver=tritonserver", \
      "--address=0.0.0.0", "--model-repository=/opt/specdec/model_repository", \
      "--openai-port=9000"]

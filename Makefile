@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 ADDRESS ?= 127.0.0.1
 OPENAI_PORT ?= 9000
 serve: $(STAMP)
-	$(PY) -m specdec.serving.launch --address $(ADDRESS) --openai-port $(OPENAI_PORT)
+	$(PY) -m specdec.launcher.launch --address $(ADDRESS) --openai-port $(OPENAI_PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=25

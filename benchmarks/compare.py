@@ -1,6 +1,6 @@
-"""Side-by-side served comparisons, each setting through a real tritonserver of its scenario's
-own, greedy, client-side over gRPC streaming: does the adaptive draft length (specdec/policy.py)
-never lose, and where do prompt lookup and hybrid proposals (specdec/ngram.py) pay?
+"""Side-by-side served comparisons, each setting through a real tritonserver of its scenario's own,
+greedy, client-side over gRPC streaming: does the adaptive draft length (specdec/planning/policy.py)
+never lose, and where do prompt lookup and hybrid proposals (specdec/proposers/ngram.py) pay?
 
 Scenarios (every setting runs `--repeats` times, interleaved, so a slow minute of a shared
 machine does not land on one setting):

@@ -35,19 +35,20 @@ import torch
 from inputs import DEFAULT_DRAFT, DEFAULT_TARGET, ROOT
 from machine import git_state, machine
 
-from specdec import invariant_attention, invariant_gemm
-from specdec.eagle.checkpoint import load_head
-from specdec.engine import Engine
-from specdec.medusa.config import MedusaArgs
-from specdec.medusa.drafting import MedusaDrafter
-from specdec.medusa.head import MedusaHead
+from specdec.kernels import invariant_attention, invariant_gemm
+from specdec.proposers.eagle.checkpoint import load_head
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.drafting import HeadDrafter
+from specdec.proposers.medusa.config import MedusaArgs
+from specdec.proposers.medusa.drafting import MedusaDrafter
+from specdec.proposers.medusa.head import MedusaHead
 from specdec.records import Proposer, ProposeCall, VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from specdec.serving.drafters import attach
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import NO_DRAFT, InTargetSettings
-from specdec.swift import parse_skip
-from specdec.weights import load_model
+from specdec.proposers.swift import parse_skip
+from specdec.runtime.weights import load_model
 
 GREEDY = SamplingParams()
 DEFAULT_HEAD = ROOT / "models" / "default" / "eagle"
@@ -120,7 +121,7 @@ def target_costs(model, head, medusa, args, device: torch.device, graphs: bool,
     """Per batch size: the one-token step (ms), verify(K) in steps, and each in-target
     drafter's verification (a head, SWIFT, Medusa heads). The plain engine first: the head's
     engine makes the model capture. invariant: the batch-invariant arithmetic
-    (specdec/invariant.py; served by default in bf16); it stays on the model once set."""
+    (specdec/kernels/invariant.py; served by default in bf16); it stays on the model once set."""
     max_len = args.context + 3 * max(args.ks) + 4
 
     def engine(rows=max(args.batches), length=max_len, **kw) -> Engine:
@@ -132,7 +133,7 @@ def target_costs(model, head, medusa, args, device: torch.device, graphs: bool,
                                                       timer)
     if head is not None:
         try:
-            _in_target(engine(head=head), "head", args.ks, args, timer, out)
+            _in_target(engine(head=HeadDrafter(head)), "head", args.ks, args, timer, out)
         finally:
             model.capture = ()
     if args.self_skip:    # as target_model attaches it: its own pool of the kept layers

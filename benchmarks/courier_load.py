@@ -23,7 +23,7 @@ from inputs import DEFAULT_PROMPTS, add_pair_arguments, add_server_env_argument,
 from progress import log
 from server import ORCHESTRATOR, Server, exit_on_sigterm, thread_cpu_s
 
-from specdec.serving import procs
+from specdec.launcher import procs
 from specdec.serving.courier import THREAD_NAME
 
 

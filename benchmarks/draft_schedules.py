@@ -25,9 +25,9 @@ import torch
 
 from inputs import DEFAULT_PROMPTS, add_pair_arguments, prompt_ids
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.records import ProposeCall, VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 
 
 def record(target: Engine, draft: Engine, prompt: list[int], n: int, max_k: int):

@@ -1,6 +1,6 @@
-"""The project's own engine and loop in this process, without Triton (specdec.local drafter and
-verifier): what the model computation costs per round, so that the server's figures can be
-split into compute and transport (BLS calls, stub processes, pre/postprocessing, gRPC)."""
+"""The project's own engine and loop in this process, without Triton (specdec.decoding.local drafter
+and verifier): what the model computation costs per round, so that the server's figures can be split
+into compute and transport (BLS calls, stub processes, pre/postprocessing, gRPC)."""
 from __future__ import annotations
 
 import time
@@ -19,10 +19,10 @@ def engine_runs(target: Path, draft: Path, tokenizer, prompts: list[tuple[int, s
     S(a, c, K)."""
     import asyncio
 
-    from specdec.config import ModelArgs
-    from specdec.engine import Engine
-    from specdec.local import LocalDrafter, LocalVerifier
-    from specdec.loop import speculate
+    from specdec.runtime.config import ModelArgs
+    from specdec.runtime.engine import Engine
+    from specdec.decoding.local import LocalDrafter, LocalVerifier
+    from specdec.decoding.loop import speculate
     from specdec.records import Request
 
     args = ModelArgs.from_dir(target)

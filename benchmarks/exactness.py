@@ -1,5 +1,5 @@
 """Speculative greedy output against target-only output in one dtype, with and without the
-batch-invariant arithmetic (specdec/invariant.py), and what the invariance costs.
+batch-invariant arithmetic (specdec/kernels/invariant.py), and what the invariance costs.
 
 In process (the project's engine and loop, no Triton), on the default pair and its EAGLE-3 head
 unless told otherwise. Per mode (off, on): the target-only reference (all prompts batched), then
@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
-from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import open_policy, speculate
-from specdec.ngram import NgramProposer
-from specdec.planner import Planner
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.checkpoint import HeadCheckpoint
+from specdec.decoding.local import LocalDrafter, LocalVerifier
+from specdec.decoding.loop import open_policy, speculate
+from specdec.proposers.ngram import NgramProposer
+from specdec.planning.planner import Planner
 from specdec.records import IN_TARGET, Proposer, Request
 from specdec.serving.drafters import attach
 from specdec.serving.engine_settings import EngineSettings
@@ -122,7 +123,7 @@ def main() -> None:
     vocab = ModelArgs.from_dir(a.target).vocab_size
     draft = Engine.load(str(a.draft), len(ps), max_len, dtype, device, vocab_size=vocab)
     targets = {mode: Engine.load(str(a.target), len(ps), max_len, dtype, device,
-                                 head_path=head, batch_invariant=mode == "on")
+                                 head=head and HeadCheckpoint(head), batch_invariant=mode == "on")
                for mode in ("off", "on")}
     # The drafters target_model serves in its process, on a second engine of the same target
     # (their catch-up follows every verification, which the costs below must not pay).

@@ -21,9 +21,9 @@ import torch
 
 from exactness import prompts
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.records import VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 

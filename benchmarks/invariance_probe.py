@@ -1,5 +1,5 @@
 """Which operators give a token's row the same bits whatever else its forward holds, on this
-device and dtype, and what the batch-invariant linear layer costs (specdec/invariant.py).
+device and dtype, and what the batch-invariant linear layer costs (specdec/kernels/invariant.py).
 
 Per operator and shape (the default target's and Llama-3.1-8B's, random weights made here), the
 row counts M in 1..--max-rows at which some row differs from the same row computed alone:
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec import invariant, invariant_attention, invariant_gemm
-from specdec.config import ModelArgs
-from specdec.model import RMSNorm
+from specdec.kernels import invariant, invariant_attention, invariant_gemm
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.model import RMSNorm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ LINEARS = {"F.linear": lambda x, w: F.linear(x, w),
            "invariant.linear": lambda x, w: invariant.linear(x, w, None),
            "16-row bmm": bmm_linear}
 # CUDA: invariant.linear above is its cuBLAS blocks (these weights are not probed), and the
-# Triton kernel that serves where its load probe passes (specdec/invariant_gemm.py).
+# Triton kernel that serves where its load probe passes (specdec/kernels/invariant_gemm.py).
 # The kernel's 16-row tiles for every M, and as served where the probe passes its wide tiles:
 # 64 x 64 from WIDE_FROM rows (its rows against each row alone in 16-row tiles: do the two
 # tensor-core instructions round alike?).

@@ -276,10 +276,10 @@ def write_model(out: Path, cfg: dict, tokenizer_from: Path, seed: int, shard_byt
 def write_head(out: Path, target: Path, seed: int) -> int:
     """A random-weight EAGLE-3 head for the checkpoint in `target`, as `specdec distill --method
     eagle3` shapes one by default (its draft vocabulary: the first ids). Returns its bytes."""
-    from specdec.config import ModelArgs
+    from specdec.runtime.config import ModelArgs
     from specdec.distill.eagle3 import default_draft_vocab, head_layer_args, initialised_head
-    from specdec.eagle.checkpoint import save_speculators
-    from specdec.eagle.config import SPECULATORS, HeadArgs, default_aux_layers
+    from specdec.proposers.eagle.checkpoint import save_speculators
+    from specdec.proposers.eagle.config import SPECULATORS, HeadArgs, default_aux_layers
 
     t = ModelArgs.from_dir(target)
     aux = default_aux_layers(t.num_layers) if t.num_layers >= 8 else (0, t.num_layers // 2,

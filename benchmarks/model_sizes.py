@@ -22,8 +22,8 @@ def param_count(path: Path) -> int | None:
 
 
 def kv_pool_bytes(target: Path, draft: Path, max_sequences: int, max_seq_len: int, dtype) -> dict:
-    from specdec.config import ModelArgs
-    from specdec.kv_cache import KVCache
+    from specdec.runtime.config import ModelArgs
+    from specdec.runtime.kv_cache import KVCache
     out = {}
     for role, path in (("target", target), ("draft", draft)):
         a = ModelArgs.from_dir(path)

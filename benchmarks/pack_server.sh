@@ -12,7 +12,7 @@
 #   PYVER=3.11 bash benchmarks/pack_server.sh   # wheels for a dry run here (the tar.xz is kept:
 #                                               # delete it to pack tritonserver again)
 #
-# The server is found through `import pytriton` (specdec/serving/launch.py): the pack holds an
+# The server is found through `import pytriton` (specdec/launcher/launch.py): the pack holds an
 # empty pytriton/__init__.py beside tritonserver/, so the client half of pytriton (and its
 # dependencies) need not travel.
 set -euo pipefail

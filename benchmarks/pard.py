@@ -31,9 +31,9 @@ from server import Server
 
 from specdec import cli
 from specdec.distill import measure
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.records import ProposeCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 KS = (1, 2, 3, 4, 6, 8)

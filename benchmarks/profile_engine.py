@@ -20,10 +20,10 @@ import torch
 
 from inputs import DEFAULT_PROMPTS, add_pair_arguments, prompt_ids
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
-from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import speculate
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.decoding.local import LocalDrafter, LocalVerifier
+from specdec.decoding.loop import speculate
 from specdec.records import Request
 
 

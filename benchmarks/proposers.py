@@ -1,16 +1,16 @@
 """Which proposer pays where: target-only, the draft model, n-gram lookup and hybrid (lookup when
 it has a match, else the draft model) with a fixed K on the repeating and free workloads
 (workloads.py), in this process with the project's engine and loop, no Triton. With --medusa,
-also Medusa-1 heads (specdec/medusa/) drafting inside the target's verification, as
+also Medusa-1 heads (specdec/proposers/medusa/) drafting inside the target's verification, as
 target_model serves them; --proposers picks the settings.
 
 Every setting runs the same prompts for the same max_tokens at temperature 0 with 1 or more
-concurrent streams (specdec.local batches concurrent calls as Triton's dynamic batcher would).
-Settings alternate within each repeat, so a load change on the machine touches all of them.
+concurrent streams (specdec.decoding.local batches concurrent calls as Triton's dynamic batcher
+would). Settings alternate within each repeat, so a load change on the machine touches all of them.
 Per row: output tokens per second of wall time and per second of this process's CPU time (less
-disturbed than wall time when other jobs share the machine; with --threads 1 it is close to what
-a quiet core gives), each against target-only (same workload and streams), acceptance, tokens
-per round, tokens proposed per round, the proposer's time per round (as the loop waits for it),
+disturbed than wall time when other jobs share the machine; with --threads 1 it is close to what a
+quiet core gives), each against target-only (same workload and streams), acceptance, tokens per
+round, tokens proposed per round, the proposer's time per round (as the loop waits for it),
 acceptance by draft position (accepted / drafted at 1..K) and whether every output equals
 target-only's.
 
@@ -35,13 +35,13 @@ from machine import git_state, load_snapshot, machine
 from progress import log
 from workloads import WORKLOADS
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
-from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import speculate
-from specdec.medusa.checkpoint import load_medusa
-from specdec.medusa.drafting import MedusaDrafter
-from specdec.ngram import MAX_N, MIN_N, NgramProposer
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.decoding.local import LocalDrafter, LocalVerifier
+from specdec.decoding.loop import speculate
+from specdec.proposers.medusa.checkpoint import load_medusa
+from specdec.proposers.medusa.drafting import MedusaDrafter
+from specdec.proposers.ngram import MAX_N, MIN_N, NgramProposer
 from specdec.records import Proposer, Request
 
 

@@ -22,9 +22,10 @@ METHOD = {
                    "latency histograms' _sum / rounds (each is one BLS call as the "
                    "orchestrator times it, transport included); overhead = wall - draft - "
                    "verify (orchestration, pre/postprocessing, ensemble, gRPC)",
-    "engine": "specdec.engine + specdec.loop in this process (specdec.local drafter and "
-              "verifier, no Triton), same prompts, K=0 and the best K: the compute "
-              "share of the Triton calls; loop ms = wall - draft - verify",
+    "engine": "specdec.runtime.engine + specdec.decoding.loop in this process "
+              "(specdec.decoding.local drafter and verifier, no Triton), same prompts, K=0 "
+              "and the best K: the compute share of the Triton calls; loop ms = wall - draft "
+              "- verify",
     "cpu_by_process": "user + system CPU seconds of each server process (/proc/<pid>/stat, "
                       "stubs named by their model) and of this process (the client, "
                       "time.process_time) over each single-stream setting, per output token",

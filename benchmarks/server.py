@@ -25,7 +25,7 @@ from pathlib import Path
 from inputs import DEFAULT_DRAFT, DEFAULT_TARGET, ROOT
 from progress import log
 
-from specdec.serving import procs
+from specdec.launcher import procs
 
 ORCHESTRATOR = "speculative_decoding"   # the `model` label of the specdec_* metrics
 DRAFT, TARGET, POSTPROCESSING = "draft_model", "target_model", "postprocessing"
@@ -92,7 +92,7 @@ def _status_kb(pid: int, key: str) -> int:
 
 def default_max_seq_len(target: Path, draft: Path) -> int:
     """The KV slot length the benchmarks give the server: min(1024, max_position_embeddings)."""
-    from specdec.config import ModelArgs
+    from specdec.runtime.config import ModelArgs
     return min(1024, ModelArgs.from_dir(target).max_position_embeddings,
                ModelArgs.from_dir(draft).max_position_embeddings)
 
@@ -124,7 +124,7 @@ class Server:
                     SPECDEC_MAX_SEQUENCES=str(max_sequences), SPECDEC_MAX_SEQ_LEN=str(max_seq_len))
         full.update(env or {})
         self.env = {k: v for k, v in full.items() if k.startswith("SPECDEC_")}
-        cmd = [sys.executable, "-m", "specdec.serving.launch", f"--http-port={self.http}",
+        cmd = [sys.executable, "-m", "specdec.launcher.launch", f"--http-port={self.http}",
                f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics_port}",
                f"--backend-directory={self.workdir / 'backends'}", "--exit-timeout-secs=10",
                *args]

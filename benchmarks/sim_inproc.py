@@ -1,6 +1,6 @@
-"""The project's engine and loop in this process (specdec.local, no Triton), on the simulated
-device: the same requests a served run sends, batched as Triton's dynamic batcher would. What is
-left between this and the served run is the server's orchestration."""
+"""The project's engine and loop in this process (specdec.decoding.local, no Triton), on the
+simulated device: the same requests a served run sends, batched as Triton's dynamic batcher would.
+What is left between this and the served run is the server's orchestration."""
 from __future__ import annotations
 
 import asyncio
@@ -21,13 +21,14 @@ def _on_cpu(args, max_sequences: int, max_seq_len: int, margs):
     """Target (with the head) and draft in float32 on the CPU, to be padded to the table."""
     import torch
 
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
+    from specdec.proposers.eagle.checkpoint import HeadCheckpoint
     cpu = torch.device("cpu")
     # As the server gives each model (settings.threads): spinning OpenMP threads on a shared
     # CPU cost more than the simulated step itself.
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     return (Engine.load(str(args.target), max_sequences, max_seq_len, torch.float32, cpu,
-                        vocab_size=margs.vocab_size, head_path=str(args.head)),
+                        vocab_size=margs.vocab_size, head=HeadCheckpoint(str(args.head))),
             Engine.load(str(args.draft), max_sequences, max_seq_len, torch.float32, cpu,
                         vocab_size=margs.vocab_size))
 
@@ -38,7 +39,8 @@ def _as_served(args, max_sequences: int, max_seq_len: int, margs):
     the target's batch-invariant arithmetic where the settings turn it on."""
     import torch
 
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
+    from specdec.proposers.eagle.checkpoint import HeadCheckpoint
     from specdec.serving.engine_settings import EngineSettings
     s = EngineSettings(str(args.target), str(args.target), max_sequences, max_seq_len)
     device, dtype = s.torch_device(), s.torch_dtype()
@@ -47,7 +49,8 @@ def _as_served(args, max_sequences: int, max_seq_len: int, margs):
     common = dict(vocab_size=margs.vocab_size, attention_kind=s.attention,
                   cuda_graphs=s.cuda_graphs and device.type == "cuda")
     return (Engine.load(str(args.target), max_sequences, max_seq_len, dtype, device,
-                        head_path=str(args.head), batch_invariant=s.invariant("target", dtype),
+                        head=HeadCheckpoint(str(args.head)),
+                        batch_invariant=s.invariant("target", dtype),
                         **common),
             Engine.load(str(args.draft), max_sequences, max_seq_len, dtype, device, **common))
 
@@ -64,12 +67,12 @@ class Local:
     in the target's call where the served side places it there (colocated), else apart."""
 
     def __init__(self, args, max_sequences: int, max_seq_len: int):
-        from specdec import simulate
-        from specdec.config import ModelArgs
-        from specdec.in_target import ColocatedDraft
-        from specdec.local import LocalDrafter, LocalVerifier
-        from specdec.ngram import NgramProposer
-        from specdec.planner import Planner
+        from specdec.hooks import simulate
+        from specdec.runtime.config import ModelArgs
+        from specdec.proposers.colocated import ColocatedDraft
+        from specdec.decoding.local import LocalDrafter, LocalVerifier
+        from specdec.proposers.ngram import NgramProposer
+        from specdec.planning.planner import Planner
         from specdec.records import IN_TARGET, Proposer
         margs = ModelArgs.from_dir(args.target)
         self.colocated = colocated(args)
@@ -101,7 +104,7 @@ class Local:
 
     def request(self, ids: list[int], text: str, setting: Setting, mode: Mode, max_tokens: int):
         from specdec.records import Request
-        from specdec.sampling import SamplingParams
+        from specdec.runtime.sampling import SamplingParams
         sampled = mode.temperature > 0
         sampling = SamplingParams(temperature=mode.temperature,
                                   seed=seed_of(text) if sampled else 0)
@@ -113,7 +116,7 @@ class Local:
             max_tokens: int, streams: int) -> dict:
         """All prompts through `streams` concurrent sequences: tokens, wall, per-request
         seconds, rounds, and the loop's draft and verify seconds."""
-        from specdec.loop import open_policy, speculate
+        from specdec.decoding.loop import open_policy, speculate
         todo = iter(prompts)
         reqs: list[tuple[float, object]] = []
         ttfts: list[float] = []

@@ -70,7 +70,7 @@ def _ratio(d: dict, a: str, b: str) -> float | None:
 
 def _published(server: Server) -> dict[str, float]:
     """The served engines' simulated-device counts, once their last calls are published."""
-    from specdec import simulate
+    from specdec.hooks import simulate
     time.sleep(2 * simulate.PUBLISH_S)
     return simulate.published(server.device_dir)
 

@@ -1,9 +1,9 @@
-"""Simulated cost tables (specdec/simulate.py) for an 8B target (Llama-3.1-8B's shapes) with a 1B
-draft model (Llama-3.2-1B's) and with an EAGLE-3 head, on an H100 SXM in bf16 with CUDA graphs.
-Derived, not measured: each forward costs a fixed floor plus the larger of its memory traffic
-(the weights it reads once, the KV cache its rows read at `context` tokens) over the effective
-bandwidth and its matmul FLOPs over the effective bf16 throughput (a roofline). The checks
-against public batch-1 figures print beside the tables. docs/simulated.md explains the model.
+"""Simulated cost tables (specdec/hooks/simulate.py) for an 8B target (Llama-3.1-8B's shapes) with a
+1B draft model (Llama-3.2-1B's) and with an EAGLE-3 head, on an H100 SXM in bf16 with CUDA graphs.
+Derived, not measured: each forward costs a fixed floor plus the larger of its memory traffic (the
+weights it reads once, the KV cache its rows read at `context` tokens) over the effective bandwidth
+and its matmul FLOPs over the effective bf16 throughput (a roofline). The checks against public
+batch-1 figures print beside the tables. docs/simulated.md explains the model.
 
     .venv/bin/python benchmarks/sim_tables.py            # writes benchmarks/sim/h100-8b-*.json
     # from your own GPU: costs.py measures the same quantities; make a table of its result
@@ -172,7 +172,7 @@ def from_costs(path: Path, prefill: list[float], run: str | None) -> dict:
 
 
 def write(table: dict, out: Path) -> None:
-    from specdec.simulate import parse_table
+    from specdec.hooks.simulate import parse_table
     parse_table(table, str(out))           # never write a table the loader refuses
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")

@@ -1,9 +1,9 @@
-"""Served at simulated GPU step times: the same requests in process (specdec.local + the loop)
-and through a real tritonserver (the ensemble over gRPC streaming), every engine call padded to
-the time a cost table gives for it on an H100 (specdec/simulate.py; the default table is
-derived by benchmarks/sim_tables.py, docs/simulated.md). The tiny models still choose the
-tokens, so acceptance is real; the gap between the two sides is what the server's orchestration
-costs a GPU deployment.
+"""Served at simulated GPU step times: the same requests in process (specdec.decoding.local + the
+loop) and through a real tritonserver (the ensemble over gRPC streaming), every engine call padded
+to the time a cost table gives for it on an H100 (specdec/hooks/simulate.py; the default table is
+derived by benchmarks/sim_tables.py, docs/simulated.md). The tiny models still choose the tokens, so
+acceptance is real; the gap between the two sides is what the server's orchestration costs a GPU
+deployment.
 
 Per sampling mode, stream count and setting (target-only, the draft model at K and auto, the
 EAGLE-3 head at K): tok/s in process and served, served / in process, each side's time per
@@ -84,7 +84,7 @@ SPIED = ("speculative_decoding", "postprocessing")
 
 def _spied(server) -> dict[str, int]:
     """The served run's Python processes: the client's streams, the loop, the detokenizer."""
-    from specdec.serving import procs
+    from specdec.launcher import procs
     found = procs.server_processes(server.proc.pid)
     return {"client": os.getpid(), **{m: found[m] for m in SPIED if m in found}}
 

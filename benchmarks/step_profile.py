@@ -4,13 +4,13 @@ their time.
 
 For each model given (a target and a draft), batch size and mode (plain, and exact: the
 batch-invariant arithmetic), rows of `--context` cached tokens take one-token greedy steps as a
-server's do (Engine.verify without drafts). The step is timed as served (CUDA graphs on a GPU);
-then profiled eagerly (torch.profiler), where every kernel or operator is put under the
-innermost piece of the model that ran it: a linear layer (GEMM), attention (its KV write
-apart), an RMSNorm, RoPE (the rotation and its table), the LM head's sampling and verdict; what
-runs in a decoder layer outside those is elementwise work (residual adds, SiLU x up); copies
-and casts anywhere are their own kind. On the CPU the CPU's own kernels (specdec/cpu) count under
-the piece that called them.
+server's do (Engine.verify without drafts). The step is timed as served (CUDA graphs on a GPU); then
+profiled eagerly (torch.profiler), where every kernel or operator is put under the innermost piece
+of the model that ran it: a linear layer (GEMM), attention (its KV write apart), an RMSNorm, RoPE
+(the rotation and its table), the LM head's sampling and verdict; what runs in a decoder layer
+outside those is elementwise work (residual adds, SiLU x up); copies and casts anywhere are their
+own kind. On the CPU the CPU's own kernels (specdec/kernels/cpu) count under the piece that called
+them.
 
     python3 benchmarks/step_profile.py --device cuda --models /tmp/rp/target,/tmp/rp/draft \\
         --batches 1,16 --context 512               # the GPU checklist's `profile` step
@@ -33,10 +33,10 @@ import torch
 from inputs import DEFAULT_TARGET
 from machine import git_state, machine
 
-from specdec import attention, engine as engine_module, model
-from specdec.cpu import build
-from specdec.engine import Engine
-from specdec.kv_cache import KVCache
+from specdec.runtime import attention, engine as engine_module, model
+from specdec.kernels.cpu import build
+from specdec.runtime.engine import Engine
+from specdec.runtime.kv_cache import KVCache
 from specdec.records import SamplingParams, VerifyCall
 
 KINDS = ("GEMM", "attention", "KV write", "norm", "rotary", "elementwise", "casts/copies",
@@ -150,7 +150,7 @@ def profile(engine: Engine, batch: int, context: int, n: int) -> dict:
             for k in e.kernels:
                 by_kind[kind_of(e, k.name)] += k.duration
                 kernels += 1
-        else:   # self times: a scope's own is the CPU kernel it called (specdec/cpu)
+        else:   # self times: a scope's own is the CPU kernel it called (specdec/kernels/cpu)
             by_kind[kind_of(e)] += e.self_cpu_time_total
             kernels += not e.name.startswith(SCOPE) and not e.cpu_children
     return {"ms": {k: by_kind[k] / n / 1000 for k in KINDS if by_kind[k]},

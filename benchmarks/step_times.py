@@ -21,9 +21,9 @@ import torch
 
 from inputs import add_pair_arguments
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.records import ProposeCall, VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 
 
 def main(argv=None) -> int:

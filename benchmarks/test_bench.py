@@ -140,8 +140,8 @@ def test_random_head_and_the_costs_script_on_a_scaled_pair(tmp_path, capsys):
     every figure it reports on that pair: what a lent GPU will run, at a CPU's size."""
     import costs
     import torch
-    from specdec.eagle.checkpoint import load_head
-    from specdec.weights import load_model
+    from specdec.proposers.eagle.checkpoint import load_head
+    from specdec.runtime.weights import load_model
 
     pair = tmp_path / "rp"
     assert make_random_pair.main(["--out", str(pair), "--scale", "0.0625", "--head"]) == 0

@@ -35,11 +35,11 @@ from costs import Rows, Timer, _ints
 from machine import git_state, machine
 from make_random_pair import PRESETS, scaled
 
-from specdec import parallel
-from specdec.config import ModelArgs
-from specdec.engine import Engine
-from specdec.kv_cache import KVCache
-from specdec.model import Transformer, rope_table
+from specdec.runtime.tensor_parallel import parallel
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.model import Transformer, rope_table
 
 
 def model_args(args) -> ModelArgs:

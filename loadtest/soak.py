@@ -26,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from specdec.serving.procs import server_processes
+from specdec.launcher.procs import server_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"

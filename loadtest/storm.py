@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.soak import metric, parse_duration
-from specdec.serving import procs
+from specdec.launcher import procs
 from specdec_client import GenerationParams, ServerError, generate
 
 ROOT = Path(__file__).resolve().parents[1]

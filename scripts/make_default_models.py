@@ -51,7 +51,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,  
                           PreTrainedTokenizerFast)
 
 from specdec import cli  # noqa: E402
-from specdec.config import ModelArgs  # noqa: E402
+from specdec.runtime.config import ModelArgs  # noqa: E402
 from specdec.distill import report as distill_report, train  # noqa: E402
 from specdec.distill.data import random_windows, token_stream  # noqa: E402
 

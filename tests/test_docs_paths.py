@@ -1,9 +1,10 @@
 """Every repository path the README and docs/*.md name exists, and every relative link lands.
 
 A path is a whitespace-separated token inside inline backticks that starts with one of the
-repository's top-level source folders or files (`specdec/loop.py`, `tests/core/test_policy.py::t`,
-`model_repository/*/1/model.py`, `benchmarks/results/run.{json,md}`); output locations written by
-a command (`--out X`, `--json X`, `> X`) and placeholders (`<dir>`) are not paths to check.
+repository's top-level source folders or files (`specdec/decoding/loop.py`,
+`tests/core/test_policy.py::t`, `model_repository/*/1/model.py`,
+`benchmarks/results/run.{json,md}`); output locations written by a command (`--out X`, `--json X`,
+`> X`) and placeholders (`<dir>`) are not paths to check.
 """
 import itertools
 import re
@@ -103,12 +104,12 @@ def test_every_relative_link_lands(doc):
 
 
 def test_the_extractor_finds_paths_and_skips_outputs_and_placeholders():
-    text = ("See `specdec/loop.py:12`, `tests/core/test_policy.py::test_x`, "
+    text = ("See `specdec/decoding/loop.py:12`, `tests/core/test_policy.py::test_x`, "
             "`benchmarks/results/r.{json,md}` and `python benchmarks/bench.py --out reports/x.json`;"
-            " not `--out benchmarks/results/new.json`, `<dir>/model.py`, `specdec.loop`, "
+            " not `--out benchmarks/results/new.json`, `<dir>/model.py`, `specdec.decoding.loop`, "
             "`docs` alone.\n```\nspecdec/in_a_fence.py\n```\n`models/default/`")
     assert named_paths(text) == [
-        "specdec/loop.py", "tests/core/test_policy.py", "benchmarks/results/r.json",
+        "specdec/decoding/loop.py", "tests/core/test_policy.py", "benchmarks/results/r.json",
         "benchmarks/results/r.md", "benchmarks/bench.py", "models/default/"]
     assert github_anchor("Speedup of each proposer (2026-11-24, `compare.py`)") == \
         "speedup-of-each-proposer-2026-11-24-comparepy"

@@ -7,14 +7,14 @@ layers at its width, sharing its embeddings and LM head, or from a user-supplied
 Acceptance and the draft/target cost ratio are measured with the project's own engine, and the
 speedup is predicted with Leviathan et al. 2023's cost model.
 
-  checks.py   refusals before any work: target, output directory, draft config, memory
-  data.py     prompts, corpus, and the target's continuations (generated with specdec's loop)
-  draft.py    the draft's config and initial weights; saving it as a Hugging Face directory
-  train.py    KL(target || draft) training with periodic checkpoints and resume
-  measure.py  held-out acceptance by position, c and the predicted speedup, with specdec.engine
-  eagle3.py   `--method eagle3`: an EAGLE-3 head (Li et al. 2025) trained with training-time test
-  eagle3_run.py  its run after the shared stages: checkpoints, measurement, speculators output
-  cli.py      the command: options, the run from start (or last checkpoint) to report
+  checks.py   refusals before any work: target, output directory, draft config, memory data.py
+  prompts, corpus, and the target's continuations (generated with specdec's loop) draft.py    the
+  draft's config and initial weights; saving it as a Hugging Face directory train.py    KL(target ||
+  draft) training with periodic checkpoints and resume measure.py  held-out acceptance by position,
+  c and the predicted speedup, with specdec.runtime.engine eagle3.py   `--method eagle3`: an EAGLE-3
+  head (Li et al. 2025) trained with training-time test eagle3_run.py  its run after the shared
+  stages: checkpoints, measurement, speculators output cli.py      the command: options, the run
+  from start (or last checkpoint) to report
 """
 import os
 

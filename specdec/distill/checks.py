@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelArgs
-from ..memory import free_memory
-from ..kv_cache import KVCache
+from ..runtime.config import ModelArgs
+from ..runtime.memory import free_memory
+from ..runtime.kv_cache import KVCache
 
 WORK = ".distill"   # the run's data and checkpoints, inside --out until the run completes
 # What --overwrite may delete from --out: a checkpoint directory's files, and our work dir.

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import CheckpointError, ModelArgs
-from ..engine import Engine, default_dtype
+from ..runtime.config import CheckpointError, ModelArgs
+from ..runtime.engine import Engine, default_dtype
 from . import checks, data, draft, eagle3_run, measure, medusa, pard, report, train
 from .checks import WORK, DistillError
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from ..engine import Engine
-from ..local import LocalVerifier
-from ..loop import speculate
+from ..runtime.engine import Engine
+from ..decoding.local import LocalVerifier
+from ..decoding.loop import speculate
 from ..prompts import PromptsError, encode, load_prompts
 from ..records import Request
-from ..sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 from .checks import DistillError
 
 # Without --heldout, every 20th prompt (5 %), or the corpus' last 5 %, is held out.

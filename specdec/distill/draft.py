@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..config import ModelArgs
-from ..weights import safetensors_files
+from ..runtime.config import ModelArgs
+from ..runtime.weights import safetensors_files
 from .checks import DistillError
 
 # Copied from the target: the draft must tokenize and stop exactly as the target does.

@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelArgs, Rope
-from ..eagle.config import SPECULATORS, HeadArgs
-from ..eagle.head import EagleHead
-from ..kv_cache import KVCache
-from ..batch import Batch
-from ..model import RMSNorm, Transformer, rope_table, rotation
-from ..weights import load_model
+from ..runtime.config import ModelArgs, Rope
+from ..proposers.eagle.config import SPECULATORS, HeadArgs
+from ..proposers.eagle.head import EagleHead
+from ..runtime.kv_cache import KVCache
+from ..runtime.batch import Batch
+from ..runtime.model import RMSNorm, Transformer, rope_table, rotation
+from ..runtime.weights import load_model
 from . import data, train
 
 DECAY = 0.8               # step s's loss weight is DECAY ** s (EAGLE, SpecForge)

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelArgs
-from ..eagle.checkpoint import load_head, save_speculators
-from ..eagle.head import EagleHead
-from ..engine import Engine
-from ..kv_cache import KVCache
+from ..runtime.config import ModelArgs
+from ..proposers.eagle.checkpoint import load_head, save_speculators
+from ..proposers.eagle.head import EagleHead
+from ..runtime.engine import Engine
+from ..proposers.eagle.drafting import HeadDrafter
+from ..runtime.kv_cache import KVCache
 from . import data, draft, eagle3, measure, report, train
 from .checks import DistillError, parameters
 
@@ -142,7 +143,8 @@ def measure_head(model, directory: Path, prompts: list[list[int]], conts: list[l
     kept = model.capture
     try:
         head = load_head(directory, model, dtype, device)
-        engine = Engine(model, len(prompts), max_len, device, cuda_graphs=False, head=head)
+        engine = Engine(model, len(prompts), max_len, device, cuda_graphs=False,
+                        head=HeadDrafter(head))
         acc = measure.acceptance(measure.head_runs(engine, prompts, conts, max_k), max_k)
         if not timed:
             return acc

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from ..engine import Engine, default_dtype
+from ..runtime.engine import Engine, default_dtype
+from ..proposers.eagle.checkpoint import HeadCheckpoint
 from ..records import ProposeCall, Proposer, VerifyCall
-from ..sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 from .data import generate
 
 EAGLE = Proposer.EAGLE
@@ -62,11 +63,12 @@ def match_runs(draft: Engine, prompts: list[list[int]], conts: list[list[int]],
 
 def head_runs(engine: Engine, prompts: list[list[int]], conts: list[list[int]],
               max_k: int) -> list[list[int]]:
-    """match_runs for an EAGLE-3 head served by `engine` (Engine(..., head=head)): the head
-    drafts inside the target's verification, so the committed tokens go through verify one at a
-    time (all prompts batched), each call asking the head for max_k tokens after the target's
-    own next token, as the served loop's next_k does. At temperature 0 the head's proposal is a
-    function of the committed prefix alone, so these are the loop's proposals at every K."""
+    """match_runs for an EAGLE-3 head served by `engine` (Engine.load(...,
+    head=HeadCheckpoint(...))): the head drafts inside the target's verification, so the committed
+    tokens go through verify one at a time (all prompts batched), each call asking the head for
+    max_k tokens after the target's own next token, as the served loop's next_k does. At temperature
+    0 the head's proposal is a function of the committed prefix alone, so these are the loop's
+    proposals at every K."""
     n = len(conts[0])
     runs = [[0] * n for _ in prompts]
     for i in range(1, n):
@@ -89,8 +91,8 @@ def head_runs(engine: Engine, prompts: list[list[int]], conts: list[list[int]],
 
 
 def replay(runs: list[int], k: int) -> dict:
-    """specdec.loop's rounds at K=k over one continuation of len(runs) tokens (max_tokens = its
-    length): a first round of the target alone, then rounds drafting min(k, left - 1) tokens."""
+    """specdec.decoding.loop's rounds at K=k over one continuation of len(runs) tokens (max_tokens =
+    its length): a first round of the target alone, then rounds drafting min(k, left - 1) tokens."""
     n, pos = len(runs), 1
     out = {"tokens": n, "rounds": 1, "drafted": 0, "accepted": 0, "drafting": 0,
            "drafted_at": [0] * k, "accepted_at": [0] * k}
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if args.head:
         target = Engine.load(str(args.target), len(prompts), max_len, default_dtype(device),
-                             device, cuda_graphs=False, head_path=str(args.head))
+                             device, cuda_graphs=False, head=HeadCheckpoint(str(args.head)))
         conts = continuations(target, prompts, args.tokens)
         acc = acceptance(head_runs(target, prompts, conts, args.max_k), args.max_k)
         result = predict(acc, head_cost_ratio(target, prompts[0]))

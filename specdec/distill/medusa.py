@@ -1,7 +1,7 @@
-"""`specdec distill --method medusa`: Medusa-1 heads (Cai et al. 2024, "Medusa: Simple LLM
-Inference Acceleration Framework with Multiple Decoding Heads") trained for a frozen target on
-the shared stages' data (the target's own continuations, a corpus it scores), with checkpoints
-and resume as the draft's run has them, written in FasterDecoding's layout (specdec/medusa/).
+"""`specdec distill --method medusa`: Medusa-1 heads (Cai et al. 2024, "Medusa: Simple LLM Inference
+Acceleration Framework with Multiple Decoding Heads") trained for a frozen target on the shared
+stages' data (the target's own continuations, a corpus it scores), with checkpoints and resume as
+the draft's run has them, written in FasterDecoding's layout (specdec/proposers/medusa/).
 
 Head i at position t reads the target's final hidden state there, the one that gave the target's
 next token x[t + 1], and learns the target's distribution at position t + 1 + i, over
@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelArgs
-from ..engine import Engine
-from ..kv_cache import KVCache
-from ..medusa.checkpoint import load_medusa, save_medusa
-from ..medusa.config import MAX_HEADS, MedusaArgs
-from ..medusa.head import MedusaHead
-from ..model import Transformer
+from ..runtime.config import ModelArgs
+from ..runtime.engine import Engine
+from ..runtime.kv_cache import KVCache
+from ..proposers.medusa.checkpoint import load_medusa, save_medusa
+from ..proposers.medusa.config import MAX_HEADS, MedusaArgs
+from ..proposers.medusa.head import MedusaHead
+from ..runtime.model import Transformer
 from ..records import VerifyCall
 from . import data, draft, measure, report, train
 from .checks import DistillError, parameters

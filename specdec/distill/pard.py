@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import CheckpointError, ModelArgs
-from ..engine import Engine
+from ..runtime.config import CheckpointError, ModelArgs
+from ..runtime.engine import Engine
 from .checks import DistillError
 from .train import mean_kl, student_head, teacher_hidden
 

@@ -8,7 +8,7 @@ import shlex
 
 import torch
 
-from ..config import ModelArgs
+from ..runtime.config import ModelArgs
 from .checks import parameters
 
 ARCH = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..engine import Engine
-from ..batch import Batch
+from ..runtime.engine import Engine
+from ..runtime.batch import Batch
 from . import data
 from .report import latest_a4, summary
 

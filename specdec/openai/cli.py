@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..serving.settings import tokenizer_path
-    from ..serving.shutdown import grace_s
+    from ..launcher.shutdown import grace_s
     from ..serving.tokenizer import load_tokenizer
     from .app import create_app
     from .limits import Limits

@@ -1,5 +1,5 @@
 """OpenAI's logprobs fields, from the logprobs the orchestrator returns: every value is the
-target's own, scored by the verification that committed the token (specdec/logprobs.py).
+target's own, scored by the verification that committed the token (specdec/runtime/logprobs.py).
 
 Completions (OpenAI's legacy shape): `{tokens, token_logprobs, top_logprobs, text_offset}`,
 the prompt's first token null when echoed. Chat: `{content: [{token, logprob, bytes,

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 
 from .. import names
-from ..config import CheckpointError
+from ..runtime.config import CheckpointError
 from ..records import SlotError
 from .requests import InvalidInput
 

@@ -9,11 +9,11 @@ from typing import Callable
 import numpy as np
 
 from .. import names
-from ..batching import Batcher
+from ..decoding.batching import Batcher
 from ..records import Proposal, ProposeCall, Verdict, VerifyCall
 from . import calls
 from .adapter import ModelCallError
-from .recovery import is_down
+from ..serving.recovery import is_down
 
 
 class _Model:

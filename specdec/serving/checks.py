@@ -36,7 +36,7 @@ def cuda_line(device) -> str:
 def cpu_line(engine) -> str:
     """What a CPU engine computes with: the CPU's own kernels and their threads, or PyTorch's
     operators and why."""
-    from ..cpu import build
+    from ..kernels.cpu import build
     if not engine.cpu_kernel:
         reason = build.reason() or f"not for {str(engine.dtype).removeprefix('torch.')}"
         return f"PyTorch's operators on the CPU (the CPU kernels: {reason})"

@@ -1,4 +1,5 @@
-"""The drafters target_model serves in its own process (specdec/in_target.py), from settings.
+"""The drafters target_model serves in its own process (specdec/runtime/in_target.py), from
+settings.
 
 Each drafts the next round inside a verification, so a round is one BLS call. An EAGLE-3 head
 is loaded with the target's weights (Engine.load: it must capture layers before CUDA graphs);
@@ -8,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from ..config import CheckpointError
-from ..engine import Engine
-from ..memory import free_memory
-from ..in_target import ColocatedDraft
-from ..medusa.checkpoint import load_medusa
-from ..medusa.drafting import MedusaDrafter
+from ..runtime.config import CheckpointError
+from ..runtime.engine import Engine
+from ..runtime.memory import free_memory
+from ..proposers.colocated import ColocatedDraft
+from ..proposers.medusa.checkpoint import load_medusa
+from ..proposers.medusa.drafting import MedusaDrafter
 from ..records import Proposer
-from ..swift import SkipView, format_skip, parse_skip
+from ..proposers.swift import SkipView, format_skip, parse_skip
 from .checks import graphs_line
 from .engine_settings import EngineSettings
 from .settings import ENV_PREFIX, NO_DRAFT, InTargetSettings, SettingsError, model_paths

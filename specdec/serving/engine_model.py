@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import names, simulate
-from ..config import ModelArgs
+from .. import names
+from ..hooks import simulate
+from ..runtime.config import ModelArgs
 from ..records import Proposer
-from . import calls, faults
+from . import calls
+from ..hooks import faults
 from .adapter import error_response, parameters, read_inputs, triton_error
 from .checks import check_one_instance, cpu_line, cuda_line, graphs_line, say
 from .requests import InvalidInput
@@ -64,8 +66,9 @@ class _EngineModel:
             return
         import torch
 
-        from ..cpu import build as cpu_build
-        from ..engine import Engine
+        from ..kernels.cpu import build as cpu_build
+        from ..proposers.eagle.checkpoint import HeadCheckpoint
+        from ..runtime.engine import Engine
         from .drafters import attach
         if s.torch_device().type == "cpu":
             torch.set_num_threads(s.threads())
@@ -79,21 +82,21 @@ class _EngineModel:
         if device.type == "cuda":
             say(f"{self.role}_model", cuda_line(device))
         dtype = s.torch_dtype()
+        head = HeadCheckpoint(s.eagle_head_path) if s.eagle_head_path else None
         # CUDA graphs around NCCL collectives are untested: degree 1 only for now.
         options = dict(vocab_size=vocab, attention_kind=s.attention,
                        cuda_graphs=s.cuda_graphs and device.type == "cuda" and len(devices) == 1,
-                       head_path=s.eagle_head_path or None,
                        batch_invariant=s.invariant(self.role, dtype),
                        cpu_kernel=s.cpu_kernel if device.type == "cpu" else False,
                        fused_pointwise=s.fused_pointwise)
         if len(devices) > 1:   # this process is rank 0 and starts the others (parallel_launch)
-            from ..parallel_launch import start
+            from ..runtime.tensor_parallel.parallel_launch import start
             self.engine = start(s.model_path, devices, dict(
                 max_sequences=s.max_sequences, max_len=s.max_seq_len, **options), dtype,
-                threads=s.threads())
+                threads=s.threads(), head=head)
         else:
             self.engine = Engine.load(s.model_path, s.max_sequences, s.max_seq_len, dtype,
-                                      device, **options)
+                                      device, head=head, **options)
             if device.type == "cpu":
                 say(f"{self.role}_model", cpu_line(self.engine))
             if self.engine.graphs is not None:
@@ -121,7 +124,7 @@ class _EngineModel:
             say(f"{self.role}_model", check_draft_tokenizer(s.model_path, s.tokenizer_path, own,
                                                             target_vocab, torch_free=idle))
         elif s.eagle_head_path:
-            from ..eagle.checkpoint import check_verifier
+            from ..proposers.eagle.checkpoint import check_verifier
             say(f"{self.role}_model", check_verifier(s.eagle_head_path, s.target_model_path))
 
     def _slot_gauges(self, pb, total: int) -> None:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import faults
+from ..hooks import faults
 from .settings import _DTYPES, ENV_PREFIX, NO_DRAFT, SettingsError, _parse, model_paths
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ class EngineSettings:
     dtype: str = "auto"           # auto: bfloat16 on CUDA, float32 on the CPU
     device: str = "auto"          # auto: cuda when available
     cpu_threads: int = 0          # torch threads on the CPU; 0: half the cores (two models)
-    kernel_threads: int = 0       # the CPU kernels' threads (specdec/cpu); 0: every core
+    kernel_threads: int = 0       # the CPU kernels' threads (specdec/kernels/cpu); 0: every core
     cpu_kernels: str = "auto"     # auto: the CPU's own kernels where they build; on: required; off
     attention: str = "auto"       # auto: flash-attn on CUDA when installed, else SDPA; sdpa; flash
     cuda_graphs: bool = True      # replay small forwards from CUDA graphs (CUDA only)
@@ -34,12 +34,13 @@ class EngineSettings:
     eagle_head_path: str = ""     # target: an EAGLE-3 head drafting in its process; $SPECDEC_EAGLE_HEAD
     in_target_fault: str = ""     # tests only: its in-target drafter's fault script
     tokenizer_path: str = ""      # the served tokenizer: the draft's own is checked against it
-    # target: score every token with the same arithmetic whatever its batch (specdec/invariant.py);
-    # auto: on in 16-bit dtypes, where near-ties flip. The draft's arithmetic never changes output.
+    # target: score every token with the same arithmetic whatever its batch
+    # (specdec/kernels/invariant.py); auto: on in 16-bit dtypes, where near-ties flip. The draft's
+    # arithmetic never changes output.
     batch_invariant: str = "auto"
-    # target: ranks of tensor parallelism (specdec/parallel.py); target_devices: one device per
-    # rank, comma-separated (cuda:0,cuda:1); given alone, its count is the degree. The draft
-    # ignores both: it runs on `device`.
+    # target: ranks of tensor parallelism (specdec/runtime/tensor_parallel/parallel.py);
+    # target_devices: one device per rank, comma-separated (cuda:0,cuda:1); given alone, its count
+    # is the degree. The draft ignores both: it runs on `device`.
     tensor_parallel: int = 1
     target_devices: str = ""
     # draft: its own device (cpu, cuda, cuda:N), which overrides `device` for the draft; empty:
@@ -117,10 +118,10 @@ class EngineSettings:
         return {"auto": None, "on": True, "off": False}[self.cpu_kernels]
 
     def kernel_thread_count(self) -> int:
-        """The CPU kernels' threads. Every core this process may run on by default: a kernel
-        call's items go to whichever of its threads is running (specdec/cpu/pool.c), so a core
-        busy with the server's other processes costs no wait. Measured on 2 vCPUs, smollm2-135m
-        in float32: a 16-row step 70 ms with one, 44 with two."""
+        """The CPU kernels' threads. Every core this process may run on by default: a kernel call's
+        items go to whichever of its threads is running (specdec/kernels/cpu/pool.c), so a core busy
+        with the server's other processes costs no wait. Measured on 2 vCPUs, smollm2-135m in
+        float32: a 16-row step 70 ms with one, 44 with two."""
         if self.kernel_threads:
             return self.kernel_threads
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -150,7 +151,8 @@ class EngineSettings:
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            from ..engine import default_dtype   # not at import: preprocessing loads no model
+            # Not at import: preprocessing loads no model.
+            from ..runtime.engine import default_dtype
             return default_dtype(self.torch_device())
         import torch
         return getattr(torch, self.dtype)

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from .. import names
-from ..batching import Batcher
+from ..decoding.batching import Batcher
 from ..records import Verdict, VerifyCall
 from .adapter import ModelCallError, triton_error
 from .bls import MAX_ROWS

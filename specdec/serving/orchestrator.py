@@ -22,11 +22,11 @@ from typing import Callable
 import numpy as np
 
 from .. import names
-from ..grammar import Constraint, GrammarError, Grammars
-from ..loop import open_policy, speculate
-from ..ngram import NgramProposer
-from ..suffix import SuffixProposer
-from ..planner import Planner
+from .grammar import Constraint, GrammarError, Grammars
+from ..decoding.loop import open_policy, speculate
+from ..proposers.ngram import NgramProposer
+from ..proposers.suffix import SuffixProposer
+from ..planning.planner import Planner
 from ..records import Chunk, Finish, Request, Stats, TokenLogprob
 from . import detokenize
 from .adapter import read_inputs, triton_error

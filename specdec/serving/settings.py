@@ -129,7 +129,7 @@ TARGET_PLACEMENTS = ("auto", "separate", "orchestrator")
 
 @dataclass(frozen=True)
 class InTargetSettings:
-    """What drafts inside target_model's process (specdec/in_target.py); target_model,
+    """What drafts inside target_model's process (specdec/runtime/in_target.py); target_model,
     draft_model and the orchestrator read it alike, so they agree on where the draft runs.
 
     draft_placement: target: the draft model's weights in target_model's process, drafting

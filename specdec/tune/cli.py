@@ -10,7 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
-from ..config import CheckpointError
+from ..runtime.config import CheckpointError
 from ..prompts import PromptsError, encode, load_prompts
 from ..serving.settings import default_pair
 from .pair import check_pair
@@ -77,7 +77,7 @@ def run(args) -> int:
     except (RuntimeError, KeyError) as e:
         return _fail(f"--device/--dtype: {e}")
     if device.type == "cpu":   # the CPU kernels' threads as the server sets them
-        from ..cpu import build
+        from ..kernels.cpu import build
         build.set_threads(settings.kernel_thread_count())
     tokenizer = _tokenizer(args.target)
     ids = [encode(tokenizer, p) for p in prompts]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
-from ..engine import Engine
-from ..local import LocalDrafter, LocalVerifier
-from ..loop import speculate
+from ..runtime.engine import Engine
+from ..proposers.eagle.checkpoint import HeadCheckpoint
+from ..decoding.local import LocalDrafter, LocalVerifier
+from ..decoding.loop import speculate
 from ..records import Proposer, Request, Round
 
 
@@ -70,7 +71,7 @@ def load_engines(target: Path, draft: Path | None, device: torch.device, dtype: 
     """The target (with `head`, an EAGLE-3 head beside it, as target_model loads one) and the
     draft model, or None when a head is tuned instead."""
     t = Engine.load(str(target), 1, max_len, dtype, device, vocab_size=vocab_size,
-                    head_path=str(head) if head else None)
+                    head=HeadCheckpoint(str(head)) if head else None)
     if draft is None:
         return t, None
     return t, Engine.load(str(draft), 1, max_len, dtype, device, vocab_size=vocab_size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..estimates import LinearFit, expected_tokens
+from ..planning.estimates import LinearFit, expected_tokens
 from .measure import Measurement
 
 PAYS = 1.05        # a best speedup below this is not worth a draft model's memory

@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..engine import Engine
-from ..estimates import LinearFit, expected_tokens
-from ..kv_cache import KVCache
-from ..batch import Batch
+from ..runtime.engine import Engine
+from ..planning.estimates import LinearFit, expected_tokens
+from ..runtime.kv_cache import KVCache
+from ..runtime.batch import Batch
 from ..records import ProposeCall, SamplingParams, SlotError
-from ..swift import SETTING, SkipView, format_skip
+from ..proposers.swift import SETTING, SkipView, format_skip
 from .measure import measure
 from .report import PAYS, acceptance_by_position
 

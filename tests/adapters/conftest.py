@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec import names
-from specdec.config import ModelArgs
+from specdec.runtime.config import ModelArgs
 from specdec.serving.bls import BlsDrafter, BlsVerifier
 from specdec.serving.engine_model import DraftModel, TargetModel
 from specdec.serving.metrics import Metrics

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from specdec import names
-from specdec.config import CheckpointError
+from specdec.runtime.config import CheckpointError
 from specdec.records import (Failure, Proposer, ProposeCall, SlotError, TokenLogprob, Verdict,
                              VerifyCall)
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from specdec.serving import calls
 from specdec.serving.adapter import (ModelCallError, error_response, parameters, read_inputs,
                                      triton_error)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.config import CheckpointError
-from specdec.eagle.checkpoint import check_verifier
+from specdec.runtime.config import CheckpointError
+from specdec.proposers.eagle.checkpoint import check_verifier
 from specdec.serving import checks
 from specdec.serving.engine_model import DraftModel, TargetModel
 from specdec.serving.engine_settings import EngineSettings

@@ -1,11 +1,11 @@
-"""A CPU engine's settings: the CPU's own kernels (specdec/cpu) by default where they build, off
-or required by SPECDEC_CPU_KERNELS, their threads by SPECDEC_KERNEL_THREADS (every core by
+"""A CPU engine's settings: the CPU's own kernels (specdec/kernels/cpu) by default where they build,
+off or required by SPECDEC_CPU_KERNELS, their threads by SPECDEC_KERNEL_THREADS (every core by
 default), and the load line that says which."""
 import os
 
 import pytest
 
-from specdec.cpu import build
+from specdec.kernels.cpu import build
 from specdec.serving.engine_model import TargetModel
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import SettingsError

@@ -1,10 +1,10 @@
-"""specdec.serving.faults: the fault scripts the end-to-end tests give draft_model."""
+"""specdec.hooks.faults: the fault scripts the end-to-end tests give draft_model."""
 import os
 import re
 
 import pytest
 
-from specdec.serving import faults
+from specdec.hooks import faults
 from specdec.serving.adapter import triton_error
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import SettingsError

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from specdec import names
-from specdec.config import ModelArgs
-from specdec.grammar import Grammars
+from specdec.runtime.config import ModelArgs
+from specdec.serving.grammar import Grammars
 from specdec.records import Round
 from specdec.serving.bls import BlsDrafter
 from specdec.serving.engine_model import TargetModel

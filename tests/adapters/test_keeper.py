@@ -1,4 +1,4 @@
-"""The launcher's keeper (specdec/serving/keeper.py) on real processes: a stand-in server that
+"""The launcher's keeper (specdec/launcher/keeper.py) on real processes: a stand-in server that
 answers /v2/health/ready and then dies, or never gets ready, or is told to stop. The real
 tritonserver under the keeper: tests/e2e/test_disconnect_storm.py."""
 from __future__ import annotations
@@ -76,7 +76,7 @@ COMPANION = textwrap.dedent("""
 
 KEEPER = textwrap.dedent("""
     import sys
-    from specdec.serving.keeper import Backoff, Keeper, http_health
+    from specdec.launcher.keeper import Backoff, Keeper, http_health
     server, port, mode, starts, prefix, companion = sys.argv[1:7]
     companions = ({"the companion": [sys.executable, companion, starts + ".companion"]}
                   if mode == "companion" else {})

@@ -1,7 +1,7 @@
 """specdec.serving.metrics: counters are summed and sent in batches, histograms at once."""
 import asyncio
 
-from specdec.planner import Estimates
+from specdec.planning.planner import Estimates
 from specdec.records import Finish, Round, Stats
 from specdec.serving import metrics as metrics_module
 from specdec.serving.metrics import Metrics

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from specdec import names
-from specdec.engine import Engine
-from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import speculate
-from specdec.ngram import NgramProposer
+from specdec.runtime.engine import Engine
+from specdec.decoding.local import LocalDrafter, LocalVerifier
+from specdec.decoding.loop import speculate
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import ProposeCall, Request, SlotError, VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from specdec.serving import calls, courier
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.adapters import fake_pb
 from tests.adapters.conftest import MAX_SEQ_LEN, orchestrator_request, run_all
 from tests.adapters.responses import (FINAL, PROMPTS, assert_all_released, assert_one_final,

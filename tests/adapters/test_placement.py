@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import engine as engine_module, memory
-from specdec.config import CheckpointError, ModelArgs
-from specdec.kv_cache import KVCache
-from specdec.parallel import Shard, layout, local_args
+from specdec.runtime import engine as engine_module, memory
+from specdec.runtime.config import CheckpointError, ModelArgs
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.tensor_parallel.parallel import Shard, layout, local_args
 from specdec.serving.engine_model import DraftModel
 from specdec.serving.engine_settings import EngineSettings, check_device
 from specdec.serving.settings import SettingsError
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.adapters import fake_pb
 from tests.adapters.conftest import engine_config
 

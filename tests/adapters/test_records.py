@@ -7,7 +7,8 @@ from specdec.records import DRAFTING, Finish, Off, Proposer, Request
 
 # Modules that run where no model is loaded (the orchestrator, pre/postprocessing, the gateway)
 # or that only need the loop's types.
-TORCH_FREE = ("specdec.records", "specdec.ngram", "specdec.policy", "specdec.loop",
+TORCH_FREE = ("specdec.records", "specdec.proposers.ngram", "specdec.planning.policy",
+              "specdec.decoding.loop",
               "specdec.serving.orchestrator", "specdec.serving.adapter",
               "specdec.serving.requests", "specdec.serving.calls", "specdec.serving.bls",
               "specdec.serving.metrics", "specdec.openai.app", "specdec.openai.triton")

@@ -3,11 +3,11 @@ skipped view would run the target's sharded layers on rank 0 alone (docs/swift.m
 import pytest
 import torch
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.serving.drafters import attach
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import InTargetSettings, SettingsError
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.core.distill_helpers import DEFAULT_TARGET
 
 CPU = torch.device("cpu")

@@ -4,7 +4,8 @@ seeded sampling; a dead rank 1 answers the supervisor's ping with a retryable er
 recovery.py reads as a model down."""
 import pytest
 
-from specdec import names, parallel
+from specdec import names
+from specdec.runtime.tensor_parallel import parallel
 from specdec.serving import calls, recovery
 from tests.adapters import fake_pb
 from tests.adapters.conftest import orchestrator_request, run_all
@@ -51,7 +52,7 @@ def test_degree_two_serves_degree_one_tokens_and_a_dead_rank_is_down(serving, mo
 
 
 def test_shapes_that_do_not_divide_fail_the_load_by_name(checkpoints, monkeypatch):
-    from specdec.config import CheckpointError
+    from specdec.runtime.config import CheckpointError
     from specdec.serving.engine_model import TargetModel
     from tests.adapters.conftest import engine_config
     monkeypatch.setenv("SPECDEC_TENSOR_PARALLEL", "3")

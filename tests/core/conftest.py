@@ -5,7 +5,7 @@ from typing import Callable
 import pytest
 import torch
 
-# Without a GPU the exact mode's Triton kernels (specdec/triton_kernels.py) run in Triton's
+# Without a GPU the exact mode's Triton kernels (specdec/kernels/triton_kernels.py) run in Triton's
 # interpreter, which triton reads from the environment as it is imported: set before that.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -47,12 +47,12 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         InterpreterBuilder.create_dot = _interpreted_dot
         InterpreterBuilder.cast_impl = _rounded_cast(InterpreterBuilder.cast_impl)
 
-from specdec.engine import Engine
-from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import open_policy, speculate
-from specdec.planner import Planner
+from specdec.runtime.engine import Engine
+from specdec.decoding.local import LocalDrafter, LocalVerifier
+from specdec.decoding.loop import open_policy, speculate
+from specdec.planning.planner import Planner
 from specdec.records import Chunk, Request
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint, make_draft
 
 

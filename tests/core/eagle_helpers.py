@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from specdec.distill import data, eagle3
-from specdec.eagle.checkpoint import save_speculators
-from specdec.engine import Engine
-from specdec.weights import load_model
+from specdec.proposers.eagle.checkpoint import save_speculators
+from specdec.runtime.engine import Engine
+from specdec.runtime.weights import load_model
 
 SEQUENCES, NEW_TOKENS, STEPS = 512, 48, 400
 BATCH = 8   # train_head's default batch

@@ -17,13 +17,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec import invariant
-from specdec.engine import Engine
+from specdec.kernels import invariant
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.checkpoint import HeadCheckpoint
 from specdec.records import Request
-from specdec.ngram import NgramProposer
-from specdec.planner import Planner
-from specdec.sampling import RESAMPLE, BatchSampling, SamplingParams, uniforms
-from specdec.weights import load_model
+from specdec.proposers.ngram import NgramProposer
+from specdec.planning.planner import Planner
+from specdec.runtime.sampling import RESAMPLE, BatchSampling, SamplingParams, uniforms
+from specdec.runtime.weights import load_model
 from tests.core.conftest import generate
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
@@ -68,7 +69,7 @@ def prompts(n=N_PROMPTS):
 
 def target(checkpoint, head=False, batch_invariant=True):
     return Engine.load(str(checkpoint / "target"), N_PROMPTS, MAX_LEN, BF16, CPU,
-                       head_path=str(checkpoint / "head") if head else None,
+                       head=HeadCheckpoint(str(checkpoint / "head")) if head else None,
                        batch_invariant=batch_invariant)
 
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from specdec.batching import Batcher
+from specdec.decoding.batching import Batcher
 
 
 class Recorder:

@@ -5,11 +5,11 @@ positions, so both placements give the same tokens, and the separate one is exac
 import pytest
 import torch
 
-from specdec.in_target import ColocatedDraft
-from specdec.planner import Planner
+from specdec.proposers.colocated import ColocatedDraft
+from specdec.planning.planner import Planner
 from specdec.records import IN_TARGET, Proposer, Request
-from specdec.sampling import SamplingParams
-from specdec.serving.faults import fail_drafters
+from specdec.runtime.sampling import SamplingParams
+from specdec.hooks.faults import fail_drafters
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_distribution import (AcceptanceOnly, LENGTH, PROMPT,
                                                       assert_follows, tally)
@@ -105,7 +105,7 @@ def test_a_failing_colocated_draft_costs_proposals_never_output(pair_dir):
 def test_the_draft_catches_up_after_rounds_it_did_not_draft(pair_dir):
     """Hybrid rounds drafted by lookup still commit tokens the co-located draft must feed: its
     history follows every verification, not only its own."""
-    from specdec.ngram import NgramProposer
+    from specdec.proposers.ngram import NgramProposer
     reqs = [Request(p + p, MAX_TOKENS, 8, auto=True, proposer=Proposer.HYBRID)
             for p in prompts()]
     alone = target_alone(pair_dir, [r.prompt for r in reqs])

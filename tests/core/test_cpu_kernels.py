@@ -1,4 +1,4 @@
-"""specdec/cpu: the CPU's kernels, built at load, exact per row at any row count.
+"""specdec/kernels/cpu: the CPU's kernels, built at load, exact per row at any row count.
 
 The linear kernel must agree with F.linear within float rounding and the attention kernel with a
 float64 softmax over each query's keys; each must give a row (a query) the bits it gets alone
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.cpu import attention, build, linear, pointwise
-from specdec.engine import Engine
-from specdec.batch import Batch
-from specdec.model import Linear, RMSNorm
+from specdec.kernels.cpu import attention, build, linear, pointwise
+from specdec.runtime.engine import Engine
+from specdec.runtime.batch import Batch
+from specdec.runtime.model import Linear, RMSNorm
 from specdec.records import Request
 from tests.core.conftest import generate
 from tests.tiny_checkpoints import make_checkpoint

@@ -10,14 +10,15 @@ import torch
 from safetensors.torch import load_file
 
 from specdec.distill import data, eagle3, measure
-from specdec.eagle.checkpoint import load_head, save_speculators
-from specdec.engine import Engine
-from specdec.kv_cache import KVCache
-from specdec.local import LocalVerifier
-from specdec.loop import speculate
-from specdec.batch import Batch
+from specdec.proposers.eagle.checkpoint import load_head, save_speculators
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.drafting import HeadDrafter
+from specdec.runtime.kv_cache import KVCache
+from specdec.decoding.local import LocalVerifier
+from specdec.decoding.loop import speculate
+from specdec.runtime.batch import Batch
 from specdec.records import Request
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.core.distill_helpers import distill, interrupt, report, tiny_target
 from tests.core.eagle_helpers import trained_head_dir
 
@@ -186,7 +187,8 @@ def served(pair_dir, tmp_path_factory):
     """The helper's trained head, served beside its target as the server does."""
     head_dir = trained_head_dir(pair_dir[0], tmp_path_factory.mktemp("head") / "head")
     model = load_model(pair_dir[0], torch.float32, CPU)
-    engine = Engine(model, 8, 128, CPU, head=load_head(head_dir, model, torch.float32, CPU))
+    head = load_head(head_dir, model, torch.float32, CPU)
+    engine = Engine(model, 8, 128, CPU, head=HeadDrafter(head))
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 97, (n,), generator=gen).tolist() for n in (3, 9, 17, 30)]
     conts = measure.continuations(engine, prompts, 24)

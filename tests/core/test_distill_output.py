@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-from specdec.engine import Engine
-from specdec.batch import Batch
-from specdec.weights import load_model
+from specdec.runtime.engine import Engine
+from specdec.runtime.batch import Batch
+from specdec.runtime.weights import load_model
 from tests.core.distill_helpers import distill, report, tiny_target
 
 

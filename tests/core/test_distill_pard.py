@@ -8,8 +8,8 @@ import transformers
 from safetensors.torch import load_file
 
 from specdec.distill import pard
-from specdec.engine import Engine
-from specdec.weights import load_model
+from specdec.runtime.engine import Engine
+from specdec.runtime.weights import load_model
 from tests.core.distill_helpers import distill, report, tiny_target
 
 

@@ -62,7 +62,7 @@ def test_loss_in_chunks_equals_the_loss_in_one_piece(target):
     import json
 
     from specdec.distill import draft, train
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     cfg = json.loads((target / "config.json").read_text())
     teacher = Engine.load(str(target), 3, 16, torch.float32, torch.device("cpu"))
     model = draft.build(draft.layer_copy_config(cfg, [0, 3]), target, [0, 3], seed=0)

@@ -3,11 +3,11 @@ import asyncio
 
 import pytest
 
-from specdec.local import LocalDrafter, LocalVerifier
-from specdec.loop import speculate
-from specdec.planner import Planner
+from specdec.decoding.local import LocalDrafter, LocalVerifier
+from specdec.decoding.loop import speculate
+from specdec.planning.planner import Planner
 from specdec.records import Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_exact import MAX_TOKENS, prompts
 

@@ -10,14 +10,14 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from specdec.config import CheckpointError, ModelArgs
-from specdec.eagle.checkpoint import load_head, save_speculators
-from specdec.eagle.config import head_args
-from specdec.eagle.head import EagleHead
-from specdec.kv_cache import KVCache
-from specdec.batch import Batch
-from specdec.model import Transformer
-from specdec.weights import load_model
+from specdec.runtime.config import CheckpointError, ModelArgs
+from specdec.proposers.eagle.checkpoint import load_head, save_speculators
+from specdec.proposers.eagle.config import head_args
+from specdec.proposers.eagle.head import EagleHead
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.batch import Batch
+from specdec.runtime.model import Transformer
+from specdec.runtime.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint
 
 V, VD, H, HEADS, KV, HD, I = 128256, 32000, 256, 4, 2, 64, 640

@@ -12,12 +12,13 @@ import pytest
 import torch
 import transformers
 
-from specdec.config import CheckpointError, ModelArgs
-from specdec.eagle.checkpoint import load_head
-from specdec.engine import Engine
-from specdec.batch import Batch
+from specdec.runtime.config import CheckpointError, ModelArgs
+from specdec.proposers.eagle.checkpoint import load_head
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.drafting import HeadDrafter
+from specdec.runtime.batch import Batch
 from specdec.records import Request
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.core.conftest import engines, generate
 from tests.core.eagle_helpers import trained_head_dir
 from tests.tiny_checkpoints import NOISY_NORMS, make_checkpoint, make_draft
@@ -92,7 +93,8 @@ def test_an_eagle3_head_distilled_for_each_family_keeps_greedy_exact(tmp_path, v
     want = hf_greedy(target, torch.float64, prompts(), MAX_TOKENS,
                      step_by_step=variant == "phi3_longrope")
     model = load_model(target, torch.float64, CPU)
-    engine = Engine(model, 8, 128, CPU, head=load_head(head_dir, model, torch.float64, CPU))
+    head = load_head(head_dir, model, torch.float64, CPU)
+    engine = Engine(model, 8, 128, CPU, head=HeadDrafter(head))
     got = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle") for p in prompts()])
     assert [g[0] for g in got] == want, variant
     assert sum(g[1].total_accepted_draft_tokens for g in got) > 0

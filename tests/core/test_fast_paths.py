@@ -8,13 +8,13 @@ import pytest
 import torch
 import transformers
 
-from specdec import attention
-from specdec.engine import Engine
-from specdec.graphs import GraphedForward
-from specdec.batch import Batch
+from specdec.runtime import attention
+from specdec.runtime.engine import Engine
+from specdec.runtime.graphs import GraphedForward
+from specdec.runtime.batch import Batch
 from specdec.records import Request
-from specdec.sampling import SamplingParams
-from specdec.weights import load_model
+from specdec.runtime.sampling import SamplingParams
+from specdec.runtime.weights import load_model
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_exact import MAX_TOKENS, hf_greedy, prompts  # noqa: F401
 from tests.tiny_checkpoints import VARIANTS, make_checkpoint

@@ -1,17 +1,17 @@
-"""specdec/gpu_pointwise.py: the layers' add + RMSNorm and SiLU x up as Triton kernels, run here
-in Triton's interpreter (tests/core/conftest.py) as a GPU would compile them. Each must agree
-with model.RMSNorm's and MLP's PyTorch operators within a rounding of the dtype (the residual
-sum bit for bit), give a row the same bits alone as among others, and, attached to a model,
-leave its hidden states within a rounding and a verification's tokens its steps' bit for bit."""
+"""specdec/runtime/gpu_pointwise.py: the layers' add + RMSNorm and SiLU x up as Triton kernels, run
+here in Triton's interpreter (tests/core/conftest.py) as a GPU would compile them. Each must agree
+with model.RMSNorm's and MLP's PyTorch operators within a rounding of the dtype (the residual sum
+bit for bit), give a row the same bits alone as among others, and, attached to a model, leave its
+hidden states within a rounding and a verification's tokens its steps' bit for bit."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from specdec import gpu_pointwise  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.batch import Batch  # noqa: E402
+from specdec.runtime import gpu_pointwise  # noqa: E402
+from specdec.runtime.engine import Engine  # noqa: E402
+from specdec.runtime.batch import Batch  # noqa: E402
 from tests.tiny_checkpoints import make_checkpoint  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
-from specdec.ngram import NgramProposer
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import Proposer, Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_distribution import (LENGTH, N, PROMPT, V, AcceptanceOnly,
                                                       chi_square_p, tally)
@@ -141,7 +141,7 @@ def test_sampling_under_a_grammar_keeps_the_constrained_distribution(small_pair,
 def test_the_json_engine_cuts_at_a_forbidden_draft_and_rolls_back():
     import json
 
-    from specdec.grammar import CACHED, Grammars, GrammarError, allowed
+    from specdec.serving.grammar import CACHED, Grammars, GrammarError, allowed
     from specdec.serving.tokenizer import load_tokenizer
     from tests.e2e.conftest import ROOT
     target = ROOT / "models" / "default" / "target"

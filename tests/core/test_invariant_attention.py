@@ -10,11 +10,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from specdec import invariant, invariant_attention  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
+from specdec.kernels import invariant, invariant_attention  # noqa: E402
+from specdec.runtime.engine import Engine  # noqa: E402
 from specdec.records import Request  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
-from specdec.weights import load_model  # noqa: E402
+from specdec.runtime.sampling import SamplingParams  # noqa: E402
+from specdec.runtime.weights import load_model  # noqa: E402
 from tests.core.conftest import Recording, generate, without_triton  # noqa: E402
 from tests.tiny_checkpoints import make_checkpoint, make_draft  # noqa: E402
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from specdec import invariant, invariant_gemm  # noqa: E402
+from specdec.kernels import invariant, invariant_gemm  # noqa: E402
 from tests.core.conftest import Recording, without_triton  # noqa: E402
 
 

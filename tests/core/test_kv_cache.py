@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from specdec.kv_cache import KVCache, SlotPool
-from specdec.batch import Batch
+from specdec.runtime.kv_cache import KVCache, SlotPool
+from specdec.runtime.batch import Batch
 from specdec.records import SlotError, VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines
 
 
@@ -55,9 +55,9 @@ def test_bad_call_fails_alone(pair_dir):
 
 def test_draft_with_a_smaller_vocabulary_accepts_target_ids(pair_dir):
     """Qwen2.5-0.5B drafting for 7B: the target has more rows; their ids reach the draft."""
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     from specdec.records import ProposeCall
-    from specdec.weights import load_model
+    from specdec.runtime.weights import load_model
     cpu = torch.device("cpu")
     draft = Engine(load_model(pair_dir[1], torch.float64, cpu), 2, 64, cpu, vocab_size=120)
     own = draft.model.args.vocab_size

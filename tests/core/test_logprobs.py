@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from specdec.ngram import NgramProposer
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import Finish, Proposer, Request, SamplingParams
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_exact import prompts

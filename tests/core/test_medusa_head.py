@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdec.config import CheckpointError, ModelArgs
+from specdec.runtime.config import CheckpointError, ModelArgs
 from specdec.distill import medusa
-from specdec.kv_cache import KVCache
-from specdec.medusa.checkpoint import load_medusa, save_medusa
-from specdec.batch import Batch
-from specdec.weights import load_model
+from specdec.runtime.kv_cache import KVCache
+from specdec.proposers.medusa.checkpoint import load_medusa, save_medusa
+from specdec.runtime.batch import Batch
+from specdec.runtime.weights import load_model
 from tests.core.distill_helpers import DEFAULT_TARGET, distill, interrupt, report
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))

@@ -3,9 +3,9 @@ import pytest
 import torch
 import transformers
 
-from specdec.engine import Engine
-from specdec.batch import Batch
-from specdec.weights import load_model
+from specdec.runtime.engine import Engine
+from specdec.runtime.batch import Batch
+from specdec.runtime.weights import load_model
 from tests.tiny_checkpoints import VARIANTS, make_checkpoint
 
 
@@ -41,7 +41,7 @@ def test_missing_weights_named_in_error(tmp_path):
 
 def test_missing_directory_and_bad_config_are_named(tmp_path):
     import json
-    from specdec.config import CheckpointError, ModelArgs
+    from specdec.runtime.config import CheckpointError, ModelArgs
     with pytest.raises(CheckpointError, match="does-not-exist: model directory does not exist"):
         ModelArgs.from_dir(tmp_path / "does-not-exist")
     path = make_checkpoint(tmp_path / "m")
@@ -64,7 +64,7 @@ def test_pool_that_cannot_fit_is_refused_at_load(tmp_path):
 def test_checkpoint_tensors_are_checked_before_fusing(tmp_path):
     """q/k/v and gate/up are concatenated at load: errors still name the checkpoint's tensors."""
     from safetensors.torch import load_file, save_file
-    from specdec.config import CheckpointError
+    from specdec.runtime.config import CheckpointError
     path = make_checkpoint(tmp_path / "m")
     state = load_file(str(path / "model.safetensors"))
     k = "model.layers.1.self_attn.k_proj.weight"

@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-from specdec.ngram import NgramProposer
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import ProposeCall, Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 
 

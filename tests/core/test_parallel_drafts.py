@@ -1,4 +1,4 @@
-"""Parallel drafts (PARD, specdec/parallel_drafts.py): K proposals from one pass over the
+"""Parallel drafts (PARD, specdec/runtime/parallel_drafts.py): K proposals from one pass over the
 committed tokens and K-1 mask tokens, the mask rows' KV dropped; exact output whatever the draft
 proposes, greedy and sampled, beside the target or in its process, alone and in hybrid."""
 import json
@@ -10,13 +10,13 @@ import pytest
 import torch
 import transformers
 
-from specdec.config import CheckpointError
-from specdec.engine import Engine
-from specdec.in_target import ColocatedDraft
-from specdec.ngram import NgramProposer
+from specdec.runtime.config import CheckpointError
+from specdec.runtime.engine import Engine
+from specdec.proposers.colocated import ColocatedDraft
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import ProposeCall, Proposer, Request
-from specdec.sampling import SamplingParams
-from specdec.weights import load_model
+from specdec.runtime.sampling import SamplingParams
+from specdec.runtime.weights import load_model
 from tests.core.conftest import engines, generate
 from tests.core.test_colocated_draft import ColocatedPlanner
 from tests.core.test_speculative_distribution import (LENGTH, N, PROMPT, AcceptanceOnly,

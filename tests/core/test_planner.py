@@ -1,10 +1,10 @@
-"""specdec.planner: what every sequence's policy shares. Cost fits per load level, an
+"""specdec.planning.planner: what every sequence's policy shares. Cost fits per load level, an
 operator's load cap, and the draft model's health: a failed draft is off for every sequence,
 then probed by one at a time with a doubling backoff."""
 import pytest
 
-from specdec.planner import Planner
-from specdec.policy import Choice
+from specdec.planning.planner import Planner
+from specdec.planning.policy import Choice
 from specdec.records import Round
 
 DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005

@@ -1,5 +1,6 @@
-"""specdec.policy: k per round from acceptance and cost, probes, frozen mode (test_planner.py:
-the draft's health, load levels, the load cap; test_policy_at_load.py: rows batched).
+"""specdec.planning.policy: k per round from acceptance and cost, probes, frozen mode
+(test_planner.py: the draft's health, load levels, the load cap; test_policy_at_load.py: rows
+batched).
 
 Rounds are simulated: acceptance is drawn with a known per-token probability and each round is
 priced by a known cost model, so the policy's throughput can be compared with the best fixed k.
@@ -8,9 +9,9 @@ import random
 
 import pytest
 
-from specdec.estimates import Costs, LinearFit, PriorCosts, expected_tokens
-from specdec.planner import Planner
-from specdec.policy import Choice, best_k
+from specdec.planning.estimates import Costs, LinearFit, PriorCosts, expected_tokens
+from specdec.planning.planner import Planner
+from specdec.planning.policy import Choice, best_k
 from specdec.records import Round
 
 DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005
@@ -197,7 +198,7 @@ def test_an_off_proposers_probes_keep_within_their_share_of_a_batchs_time():
     proposer's step: a dear step (SWIFT's, 0.95 of a verification here) is probed so rarely
     that the batch spends at most about PROBE_SHARE on probes; a cheap one (a head's) as
     often as the backoff allows. 16 rows, each drafting only to probe."""
-    from specdec.policy import PROBE_SHARE
+    from specdec.planning.policy import PROBE_SHARE
 
     def probing_rounds(proposer: str, step_s: float, rows: int, rounds: int = 600) -> float:
         prior = PriorCosts(verify_call=0.008, verify_token=0.0, other=0.0, eagle_call=0.0,
@@ -223,7 +224,7 @@ def test_a_probe_that_catches_up_on_the_sequence_is_spaced_by_what_it_took():
     """SWIFT off follows nothing, so its probe first re-reads every token since it was last
     used, which the cost model's one-token step leaves out: the probes are spaced by what they
     took, within the batch's share; by the step alone they spent over three times it."""
-    from specdec.policy import PROBE_SHARE
+    from specdec.planning.policy import PROBE_SHARE
 
     def probes(probe_s: float, rounds: int = 2000) -> int:
         prior = PriorCosts(verify_call=0.008, verify_token=0.0, other=0.0, self_token=0.0076)
@@ -251,7 +252,7 @@ def test_an_off_draft_model_a_tenth_of_a_verification_drafts_only_to_probe():
     call's fixed cost). Drafted every round while off, ready to probe, that step would cost
     every round about a tenth (0.64 of target-only served, 2026-11-27): it drafts only for the
     rounds that probe, and those stay within PROBE_SHARE of the batch's time."""
-    from specdec.policy import PROBE_SHARE
+    from specdec.planning.policy import PROBE_SHARE
     verify_s, step_s, rows = 0.010, 0.0012, 16
     planner = Planner(8, proposers=("draft",), in_target=("draft",))
     policies = [planner.open(8, auto=True, proposers=("draft",)) for _ in range(rows)]
@@ -302,7 +303,7 @@ def test_a_choice_of_no_drafts_is_held_a_few_rounds_and_probes_when_it_would(fro
     round): the choice of no drafts holds HOLD_ROUNDS rounds. A frozen policy reads nothing
     that changes meanwhile, so it chooses exactly as if it weighed every round; a live one
     probes as rarely and stays as fast."""
-    import specdec.policy as policy_module
+    import specdec.planning.policy as policy_module
     hold = policy_module.HOLD_ROUNDS
 
     def run(hold: int) -> tuple[list[int], float, int]:

@@ -1,11 +1,11 @@
-"""specdec.policy at load: rows verified together, each paying for the batch's widest row, with
-the draft model, an EAGLE-3 head drafting inside the verification, lookups, and both kinds
-mixed (hybrid). As in test_policy.py, rounds are simulated: acceptance drawn with a known
-per-token probability, each batch priced by a known cost model, and the policy's throughput
-compared with the best fixed k."""
+"""specdec.planning.policy at load: rows verified together, each paying for the batch's widest row,
+with the draft model, an EAGLE-3 head drafting inside the verification, lookups, and both kinds
+mixed (hybrid). As in test_policy.py, rounds are simulated: acceptance drawn with a known per-token
+probability, each batch priced by a known cost model, and the policy's throughput compared with the
+best fixed k."""
 import random
 
-from specdec.planner import Planner
+from specdec.planning.planner import Planner
 from specdec.records import Round
 
 DRAFT_CALL, DRAFT_TOKEN, OTHER = 0.002, 0.0006, 0.0005   # test_policy.py's cost model

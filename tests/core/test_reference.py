@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec import reference
-from specdec.batch import Batch
-from specdec.engine import Engine
+from specdec.decoding import reference
+from specdec.runtime.batch import Batch
+from specdec.runtime.engine import Engine
 from specdec.records import Request, SamplingParams
 from tests.core.conftest import generate
 

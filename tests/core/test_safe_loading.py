@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdec.config import CheckpointError
+from specdec.runtime.config import CheckpointError
 from specdec.serving.tokenizer import load_tokenizer
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.tiny_checkpoints import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,10 +1,10 @@
-"""The counter-based draws (specdec/sampling.py) at the hash's extreme: one draw in 2**24 has
-the largest hash, whose uniform rounded to 1.0 in float32 before 2026-11-27."""
+"""The counter-based draws (specdec/runtime/sampling.py) at the hash's extreme: one draw in 2**24
+has the largest hash, whose uniform rounded to 1.0 in float32 before 2026-11-27."""
 import torch
 
 from specdec.records import SamplingParams
-from specdec.sampling import RESAMPLE, BatchSampling, sample, uniforms
-from specdec.verify import verify
+from specdec.runtime.sampling import RESAMPLE, BatchSampling, sample, uniforms
+from specdec.runtime.verify import verify
 
 CPU = torch.device("cpu")
 V = 16384

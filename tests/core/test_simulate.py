@@ -1,4 +1,5 @@
-"""specdec.simulate: engine calls padded to a cost table's times, the tables, their refusals."""
+"""specdec.hooks.simulate: engine calls padded to a cost table's times, the tables, their
+refusals."""
 import copy
 import json
 import time
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec import simulate
+from specdec.hooks import simulate
 from specdec.records import Request
 from tests.core.conftest import engines, generate
 
@@ -107,7 +108,7 @@ def test_padded_calls_take_their_table_time_and_change_no_token(pair_dir):
 
 def test_one_call_lasts_at_least_its_time(pair_dir):
     from specdec.records import ProposeCall
-    from specdec.sampling import SamplingParams
+    from specdec.runtime.sampling import SamplingParams
     t = simulate.parse_table(table_data(step_ms=40.0))
     _, draft = engines(pair_dir, torch.float32, 4, 64)
     simulate.pad(draft, t, "draft")
@@ -186,7 +187,7 @@ class VirtualClock:
 def test_a_colocated_draft_is_padded_inside_the_verification(pair_dir, monkeypatch):
     """The draft model in the target's process: its steps cost what draft_model's would, inside
     the verification that drafts (one call a round), and the tokens are the separate pair's."""
-    from specdec.in_target import ColocatedDraft
+    from specdec.proposers.colocated import ColocatedDraft
     from specdec.records import Proposer
     clock = VirtualClock()
     monkeypatch.setattr(simulate, "time", clock)
@@ -215,7 +216,7 @@ def test_a_colocated_draft_is_padded_inside_the_verification(pair_dir, monkeypat
 _PADDED_PROCESS = r"""
 import json, sys, time
 from types import SimpleNamespace
-from specdec import simulate
+from specdec.hooks import simulate
 table, start, calls = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 spans = []
 class Engine:

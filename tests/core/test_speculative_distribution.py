@@ -17,12 +17,12 @@ import torch
 import transformers
 from scipy.stats import chisquare
 
-from specdec.estimates import PriorCosts
-from specdec.local import LocalDrafter
-from specdec.ngram import NgramProposer
-from specdec.planner import Planner
+from specdec.planning.estimates import PriorCosts
+from specdec.decoding.local import LocalDrafter
+from specdec.proposers.ngram import NgramProposer
+from specdec.planning.planner import Planner
 from specdec.records import ProposeCall, Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 
 V, LENGTH, N = 5, 3, 4000

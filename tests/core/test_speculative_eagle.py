@@ -7,17 +7,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdec.eagle.checkpoint import load_head
-from specdec.eagle.config import HeadArgs
-from specdec.eagle.head import EagleHead
-from specdec.engine import Engine
-from specdec.graphs import GraphedForward
-from specdec.ngram import NgramProposer
-from specdec.planner import Planner
+from specdec.proposers.eagle.checkpoint import load_head
+from specdec.proposers.eagle.config import HeadArgs
+from specdec.proposers.eagle.head import EagleHead
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.drafting import HeadDrafter
+from specdec.runtime.graphs import GraphedForward
+from specdec.proposers.ngram import NgramProposer
+from specdec.planning.planner import Planner
 from specdec.records import Request, VerifyCall
-from specdec.sampling import SamplingParams
-from specdec.weights import load_model
-from specdec.serving.faults import fail_drafters
+from specdec.runtime.sampling import SamplingParams
+from specdec.runtime.weights import load_model
+from specdec.hooks.faults import fail_drafters
 from tests.core.conftest import generate
 from tests.core.eagle_helpers import trained_head_dir
 from tests.core.test_fast_paths import reference_flash_with_kvcache
@@ -47,7 +48,7 @@ def random_head(model, aux=(0, 1, 1), seed=0, sharpen=4.0) -> EagleHead:
 
 def eagle_engine(target_dir, head=None, max_sequences=32, max_len=128, dtype=torch.float64):
     model = load_model(target_dir, dtype, CPU)
-    return Engine(model, max_sequences, max_len, CPU, head=head or random_head(model))
+    return Engine(model, max_sequences, max_len, CPU, head=HeadDrafter(head or random_head(model)))
 
 
 @pytest.mark.parametrize("k,params,auto", [
@@ -272,7 +273,7 @@ def test_captured_head_graphs_keep_greedy_exact(pair_dir, head_dir, greedy):
     dev = torch.device("cuda")
     model = load_model(pair_dir[0], torch.float32, dev)
     engine = Engine(model, len(prompts()), 128, dev, cuda_graphs=True,
-                    head=load_head(head_dir, model, torch.float32, dev))
+                    head=HeadDrafter(load_head(head_dir, model, torch.float32, dev)))
     assert engine.head.graphs.graphs[(1, 1)].graph is not None   # captured at load
     results = generate(engine, None, [Request(p, MAX_TOKENS, 4, proposer="eagle")
                                       for p in prompts()])

@@ -4,7 +4,7 @@ import torch
 import transformers
 
 from specdec.records import Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines, generate
 
 MAX_TOKENS = 24
@@ -65,7 +65,7 @@ def test_greedy_with_k_chosen_per_round_equals_target_alone(pair_dir, hf_greedy)
 def test_seeded_sampling_with_auto_k_depends_on_its_seed_alone(pair_dir):
     """A seeded sampling request's k schedule comes from its own rounds only (frozen policy):
     the same output alone on a fresh server and among other requests on a seasoned one."""
-    from specdec.planner import Planner
+    from specdec.planning.planner import Planner
     target, draft = engines(pair_dir)
     seeded = [Request(p, 20, 8, SamplingParams(temperature=0.8, seed=40 + i), auto=True,
                       reproducible=True) for i, p in enumerate(prompts(3))]
@@ -120,7 +120,7 @@ class Scripted:
         self.ks = iter(ks)
 
     def choose(self, limit, offers=None):
-        from specdec.policy import Choice
+        from specdec.planning.policy import Choice
         return Choice(min(next(self.ks), limit), "")
 
     def observe(self, r):
@@ -129,8 +129,8 @@ class Scripted:
 
 def test_k_changing_between_rounds_stays_exact(pair_dir, hf_greedy):
     """The draft catches up on whatever it skipped while the policy had speculation off."""
-    from specdec.local import LocalDrafter, LocalVerifier
-    from specdec.loop import speculate
+    from specdec.decoding.local import LocalDrafter, LocalVerifier
+    from specdec.decoding.loop import speculate
     import asyncio
     target, draft = engines(pair_dir)
     schedule = [4, 0, 0, 3, 8, 0, 1] * 10

@@ -10,19 +10,19 @@ import pytest
 import torch
 
 from specdec.distill import data, medusa
-from specdec.engine import Engine
-from specdec.medusa.checkpoint import load_medusa, save_medusa
-from specdec.medusa.config import MedusaArgs
-from specdec.medusa.drafting import MedusaDrafter
-from specdec.medusa.head import MedusaHead
-from specdec.planner import Planner
+from specdec.runtime.engine import Engine
+from specdec.proposers.medusa.checkpoint import load_medusa, save_medusa
+from specdec.proposers.medusa.config import MedusaArgs
+from specdec.proposers.medusa.drafting import MedusaDrafter
+from specdec.proposers.medusa.head import MedusaHead
+from specdec.planning.planner import Planner
 from specdec.records import Proposer, Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from specdec.serving.drafters import attach
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import InTargetSettings, SettingsError
-from specdec.weights import load_model
-from specdec.serving.faults import fail_drafters
+from specdec.runtime.weights import load_model
+from specdec.hooks.faults import fail_drafters
 from tests.core.conftest import generate
 from tests.core.distill_helpers import DEFAULT_TARGET
 from tests.core.test_speculative_distribution import (AcceptanceOnly, N, PROMPT, assert_follows,

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.engine import Engine
-from specdec.in_target import ColocatedDraft
-from specdec.planner import Planner
+from specdec.runtime.engine import Engine
+from specdec.proposers.colocated import ColocatedDraft
+from specdec.planning.planner import Planner
 from specdec.records import Off, Proposer, Request
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from specdec.serving.drafters import attach
 from specdec.serving.engine_settings import EngineSettings
 from specdec.serving.settings import InTargetSettings, SettingsError
-from specdec.swift import SkipView
-from specdec.weights import load_model
-from specdec.serving.faults import fail_drafters
+from specdec.proposers.swift import SkipView
+from specdec.runtime.weights import load_model
+from specdec.hooks.faults import fail_drafters
 from tests.core.conftest import generate
 from tests.core.distill_helpers import DEFAULT_TARGET
 from tests.core.test_speculative_distribution import (AcceptanceOnly, N, PROMPT, assert_follows,

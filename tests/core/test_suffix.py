@@ -1,13 +1,13 @@
-"""Suffix decoding (specdec/suffix.py): the trees count every window of a text, propose what
-followed a match as far as its frequencies allow, forget the oldest outputs past the bound and
+"""Suffix decoding (specdec/proposers/suffix.py): the trees count every window of a text, propose
+what followed a match as far as its frequencies allow, forget the oldest outputs past the bound and
 never share across tenants; served by the loop its output is exactly the target's, greedy and
 sampled (a chi-square test), whatever the trees held."""
 import pytest
 
-from specdec.ngram import NgramProposer
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import Proposer, Request
-from specdec.sampling import SamplingParams
-from specdec.suffix import DEPTH, MIN_PROBABILITY, SuffixProposer, SuffixTree
+from specdec.runtime.sampling import SamplingParams
+from specdec.proposers.suffix import DEPTH, MIN_PROBABILITY, SuffixProposer, SuffixTree
 from tests.core.conftest import engines, generate
 from tests.core.test_speculative_distribution import LENGTH, N, assert_follows, tally
 from tests.core.test_speculative_exact import prompts

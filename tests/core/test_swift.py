@@ -1,6 +1,6 @@
-"""SWIFT self-speculation (specdec/swift.py, tune/self_search.py): the target with layers skipped
-as a draft that shares its weights and caches only its kept layers; exact greedy output with it
-as the draft, on the embedded target and a real-shaped one; `specdec tune --self`."""
+"""SWIFT self-speculation (specdec/proposers/swift.py, tune/self_search.py): the target with layers
+skipped as a draft that shares its weights and caches only its kept layers; exact greedy output with
+it as the draft, on the embedded target and a real-shaped one; `specdec tune --self`."""
 import json
 import math
 import sys
@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from specdec.cli import main
-from specdec.engine import Engine
-from specdec.kv_cache import KVCache
-from specdec.batch import Batch
-from specdec.model import Transformer
+from specdec.runtime.engine import Engine
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.batch import Batch
+from specdec.runtime.model import Transformer
 from specdec.records import ProposeCall, Request, SamplingParams
-from specdec.swift import SkipView, format_skip, parse_skip
+from specdec.proposers.swift import SkipView, format_skip, parse_skip
 from specdec.tune.measure import measure
 from specdec.tune.self_search import Candidate, Matchness, leviathan, search
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.core.conftest import generate
 from tests.tiny_checkpoints import make_checkpoint
 

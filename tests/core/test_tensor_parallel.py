@@ -1,7 +1,8 @@
-"""Tensor parallelism (specdec/parallel.py) at degree 2 over gloo, two processes on the CPU:
-greedy tokens equal degree 1's in float32, speculative (a draft model beside the target or in
-its process, prompt lookup, an EAGLE-3 head or Medusa heads on rank 0) equal target-only at
-degree 2, each rank holding only its slices; shapes that do not divide are refused by name."""
+"""Tensor parallelism (specdec/runtime/tensor_parallel/parallel.py) at degree 2 over gloo, two
+processes on the CPU: greedy tokens equal degree 1's in float32, speculative (a draft model beside
+the target or in its process, prompt lookup, an EAGLE-3 head or Medusa heads on rank 0) equal
+target-only at degree 2, each rank holding only its slices; shapes that do not divide are refused by
+name."""
 import json
 import socket
 import sys
@@ -11,14 +12,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from specdec import parallel
-from specdec.config import CheckpointError, ModelArgs
-from specdec.engine import Engine
-from specdec.in_target import ColocatedDraft
-from specdec.medusa.drafting import MedusaDrafter
-from specdec.ngram import NgramProposer
+from specdec.runtime.tensor_parallel import parallel
+from specdec.runtime.config import CheckpointError, ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.checkpoint import HeadCheckpoint
+from specdec.proposers.colocated import ColocatedDraft
+from specdec.proposers.medusa.drafting import MedusaDrafter
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import Proposer, Request, SamplingParams
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from tests.core.conftest import generate
 from tests.core.test_speculative_medusa import random_heads
 
@@ -55,12 +57,12 @@ def _rank(rank: int, world: int, port: int, target: str, draft: str | None, head
           out: str) -> None:
     """One rank: rank 0 runs the loop through its Leader, the others follow it. Each writes
     the shapes it holds to out/rank<r>.json; rank 0 its tokens too."""
-    from specdec.parallel_engine import Leader, control_group, follow
+    from specdec.runtime.tensor_parallel.parallel_engine import Leader, control_group, follow
     torch.set_num_threads(1)
     tp = parallel.init(rank, world, "127.0.0.1", port, CPU, timeout_s=60)
     try:
-        engine = Engine.load(target, PROMPTS, MAX_LEN, torch.float32, CPU, head_path=head,
-                             tp=tp)
+        engine = Engine.load(target, PROMPTS, MAX_LEN, torch.float32, CPU, tp=tp,
+                             head=HeadCheckpoint(head) if head else None)
         result = {"held": {n: tuple(p.shape) for n, p in
                            engine.model.named_parameters(remove_duplicate=False)}}
         # A layer packed for the CPU's kernel (cpu_linear) holds its weight in that form.
@@ -143,7 +145,8 @@ def test_embedded_pair_at_degree_two_equals_degree_one(tmp_path, one_thread):
     for p in ("medusa", "draft"):   # in rank 0's process, at degree 1 over a degree-2 target
         assert two[p] == two["plain"] and two[f"{p}_drafted"] > 0, p
     # Sampled: float32 logits differ from degree 1's in the last bits at most: the same draws.
-    d1 = Engine.load(str(TARGET), PROMPTS, MAX_LEN, torch.float32, CPU, head_path=str(HEAD))
+    d1 = Engine.load(str(TARGET), PROMPTS, MAX_LEN, torch.float32, CPU,
+                     head=HeadCheckpoint(str(HEAD)))
     ps = prompts(d1.model.args.vocab_size)
     assert two["eagle_sampled"] == ids(generate(d1, None, sampled(ps, Proposer.EAGLE)))
     a = ModelArgs.from_dir(TARGET)
@@ -203,13 +206,13 @@ def test_layout_replicates_kv_heads_and_pads_the_vocabulary():
 
 
 def test_worker_processes_follow_rank_zero_and_a_dead_rank_fails_fast(tmp_path):
-    """The serving path: rank 0 here starts rank 1 as `python -m specdec.parallel_worker`;
-    output equals degree 1's; a killed rank 1 fails the next call at once, marks the engine
-    unhealthy, and nothing hangs."""
+    """The serving path: rank 0 here starts rank 1 as `python -m
+    specdec.runtime.tensor_parallel.parallel_worker`; output equals degree 1's; a killed rank 1
+    fails the next call at once, marks the engine unhealthy, and nothing hangs."""
     import time
 
-    from specdec.parallel_engine import RankFailure
-    from specdec.parallel_launch import start
+    from specdec.runtime.tensor_parallel.parallel_engine import RankFailure
+    from specdec.runtime.tensor_parallel.parallel_launch import start
     engine = dict(max_sequences=PROMPTS, max_len=MAX_LEN)
     leader = start(TARGET, [CPU, CPU], engine, torch.float32, timeout_s=30, threads=1)
     try:
@@ -234,7 +237,7 @@ def test_worker_processes_follow_rank_zero_and_a_dead_rank_fails_fast(tmp_path):
 
 
 def test_a_shape_that_does_not_divide_is_refused_before_any_process_starts():
-    from specdec.parallel_launch import start
+    from specdec.runtime.tensor_parallel.parallel_launch import start
     with pytest.raises(CheckpointError, match="num_attention_heads 8 is not divisible by the "
                                               "tensor-parallel degree 3"):
         start(TARGET, [CPU] * 3, dict(max_sequences=1, max_len=8), torch.float32)

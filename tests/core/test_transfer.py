@@ -1,13 +1,13 @@
 """Between a forward's launch and the call's one read back, the engine puts nothing on the
 device by a blocking copy: on CUDA that copy synchronizes the stream, holding the host until
 the forward ends and leaving the GPU idle while the host then launches the rest of the call
-(specdec/transfer.py). The CPU runs the same code, so the pattern is checked here."""
+(specdec/runtime/transfer.py). The CPU runs the same code, so the pattern is checked here."""
 import pytest
 import torch
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.records import ProposeCall, VerifyCall
-from specdec.sampling import SamplingParams
+from specdec.runtime.sampling import SamplingParams
 from tests.core.conftest import engines
 
 

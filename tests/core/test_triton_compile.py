@@ -13,14 +13,14 @@ import pytest
 
 pytest.importorskip("triton")
 
-from specdec import invariant_attention, invariant_gemm  # noqa: E402
+from specdec.kernels import invariant_attention, invariant_gemm  # noqa: E402
 
 SCRIPT = r"""
 import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specdec import triton_kernels as tk
+from specdec.kernels import triton_kernels as tk
 
 UNIT = ("sxk", "swk", "son", "sqd", "skd", "svd", "sod", "spt")
 BY_16 = ("N", "K", "sxm", "swn", "som", "L", "sks", "skn", "skh", "svs", "svn", "svh", "sqt",

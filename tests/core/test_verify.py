@@ -2,8 +2,8 @@
 verify_greedy, which takes only the argmax, is verify when every row is greedy, whatever q."""
 import torch
 
-from specdec.sampling import BatchSampling, SamplingParams, probabilities
-from specdec.verify import verify, verify_greedy
+from specdec.runtime.sampling import BatchSampling, SamplingParams, probabilities
+from specdec.runtime.verify import verify, verify_greedy
 
 B, K, V = 64, 4, 7
 

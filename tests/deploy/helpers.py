@@ -147,7 +147,8 @@ def env_names_read_by_code(monkeypatch) -> set[str]:
     (draft, target, orchestrator, supervisor, limits, tokenizer, shutdown, the gateway's
     limits: all read through specdec/serving/settings.py) over an empty environment."""
     from specdec.openai.limits import Limits
-    from specdec.serving import engine_settings, settings, shutdown
+    from specdec.serving import engine_settings, settings
+    from specdec.launcher import shutdown
 
     seen: set[str] = set()
 

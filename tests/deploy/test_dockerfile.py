@@ -12,7 +12,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from specdec.serving import launch
+from specdec.launcher import launch
 
 from .helpers import (DOCKERFILE, REPO, args_of, build_args, cmd, comment_above, copies,
                       copy_destination, dockerfile, env, env_names_read_by_code, flag, normalize,
@@ -120,7 +120,7 @@ def test_cmd_runs_the_launcher_on_the_image_tritonserver_and_copied_repository()
     are those of `make serve`; in a container it listens on every interface. No --no-restart:
     the launcher (PID 1) keeps tritonserver and restarts it after a crash."""
     argv = cmd()
-    assert argv[:3] == ["python3", "-m", "specdec.serving.launch"]
+    assert argv[:3] == ["python3", "-m", "specdec.launcher.launch"]
     assert "--no-restart" not in argv
     assert flag(argv, "--tritonserver") == "tritonserver"
     assert flag(argv, "--address") == "0.0.0.0"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdec.openai.limits import Limits
-from specdec.serving import launch, shutdown
+from specdec.launcher import launch, shutdown
 
 from .helpers import CHART, REPO, copy_destination, env_names_read_by_code, openai_args
 
@@ -246,7 +246,7 @@ def test_server_arguments_match_the_image(monkeypatch):
     v = values()
     assert v["server"]["modelRepository"] == copy_destination("model_repository")
     text = (TEMPLATES / "deployment.yaml").read_text()
-    assert "- python3\n            - -m\n            - specdec.serving.launch\n" in text
+    assert "- python3\n            - -m\n            - specdec.launcher.launch\n" in text
     assert "--no-restart" not in text
     assert "- --tritonserver=tritonserver\n" in text and "- --address=0.0.0.0\n" in text
     assert "- --model-repository={{ .Values.server.modelRepository }}\n" in text
@@ -290,7 +290,7 @@ def test_the_charts_server_values_reach_tritonserver(monkeypatch):
     chosen = {"shmDefaultByteSize": 33554432, "shmGrowthByteSize": 8388608,
               "modelRepository": "/somewhere/repo"}
     argv = [a.format(**chosen) for a in server_args()]
-    assert argv[:3] == ["python3", "-m", "specdec.serving.launch"]
+    assert argv[:3] == ["python3", "-m", "specdec.launcher.launch"]
     with pytest.raises(SystemExit):
         launch.main(argv[3:])
     command = seen["command"](0)
@@ -447,7 +447,7 @@ def test_the_70b_example_shards_over_four_gpus_and_fits_them():
     import torch
     import tp_costs
 
-    from specdec import parallel
+    from specdec.runtime.tensor_parallel import parallel
 
     ex = example("llama-3.1-70b.yaml")
     s = ex["specdec"]
@@ -531,7 +531,7 @@ def test_helm_template(variant, monkeypatch):
     assert gateway["args"][:2] == ["specdec", "openai"]
     assert "nvidia.com/gpu" not in gateway.get("resources", {}).get("limits", {})
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
-    assert c["args"][:3] == ["python3", "-m", "specdec.serving.launch"]
+    assert c["args"][:3] == ["python3", "-m", "specdec.launcher.launch"]
     assert "--backend-config=python,shm-default-byte-size=16777216" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
     assert c["readinessProbe"]["exec"]["command"][:2] == ["specdec", "probe"]

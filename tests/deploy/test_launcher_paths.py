@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.serving import launch
+from specdec.launcher import launch
 
 
 def test_the_default_model_repository_is_the_checkouts(tmp_path, monkeypatch):

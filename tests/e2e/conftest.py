@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.serving import procs
+from specdec.launcher import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 300
@@ -110,7 +110,7 @@ def launch(tmp_path_factory, env: dict[str, str] | None = None):
     full.update(env or {})
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.serving.launch", f"--http-port={http}",
+            [sys.executable, "-m", "specdec.launcher.launch", f"--http-port={http}",
              f"--grpc-port={grpc}", f"--metrics-port={metrics}", f"--exit-timeout-secs={EXIT_S}"],
             cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

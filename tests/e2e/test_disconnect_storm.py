@@ -2,7 +2,7 @@
 
 Triton 2.51 (nvidia-pytriton) may crash under them: Triton's own gRPC stream handling, fixed
 upstream in 2.53, 2.57 and 2.68 (docs/reliability.md). What the project guarantees is that the
-service comes back: the launcher restarts a server that dies (specdec/serving/keeper.py), no
+service comes back: the launcher restarts a server that dies (specdec/launcher/keeper.py), no
 request hangs, and exact output returns within a bound. The fuzz and soak tests close their
 streams cleanly; abrupt disconnects are this module's job.
 """

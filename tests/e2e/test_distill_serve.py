@@ -5,8 +5,8 @@ this draft, run in process, gets accepted."""
 import torch
 from transformers import AutoTokenizer
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
 from specdec.records import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process

@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.checkpoint import HeadCheckpoint
 from specdec.records import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process
@@ -39,7 +40,8 @@ def test_a_failing_head_costs_only_its_proposals(eagle_server):
 def test_served_rounds_are_the_in_process_loops(eagle_server, head):
     cpu = torch.device("cpu")
     tokenizer = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
-    target = Engine.load(str(DEFAULT_TARGET), 2, 128, torch.float32, cpu, head_path=str(head))
+    target = Engine.load(str(DEFAULT_TARGET), 2, 128, torch.float32, cpu,
+                         head=HeadCheckpoint(str(head)))
     eos = ModelArgs.from_dir(DEFAULT_TARGET).eos_token_ids
     local = generate_in_process(target, None, [
         Request(tokenizer(p)["input_ids"], 32, 4, eos=eos, proposer="eagle") for p in PROMPTS])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.config import ModelArgs
+from specdec.runtime.config import ModelArgs
 from specdec_client import GenerationParams, generate
 from tests.core.distill_helpers import distill
 from tests.e2e.conftest import heldout_prompts, launch

@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from specdec.config import ModelArgs
+from specdec.runtime.config import ModelArgs
 from specdec_client import GenerationParams, generate
 from tests.e2e.conftest import heldout_prompts, launch
 

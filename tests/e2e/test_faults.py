@@ -2,7 +2,7 @@
 
 One server for the module: two sequence slots, a one-second queue, the supervisor checking every
 half second, the draft model in draft_model (a process of its own) as the only proposer, and a draft whose first calls fail by script
-(specdec/serving/faults.py), the target in target_model (SPECDEC_TARGET_PLACEMENT=separate: its
+(specdec/hooks/faults.py), the target in target_model (SPECDEC_TARGET_PLACEMENT=separate: its
 process can die alone). The tests run in file order: the script is used up by the first,
 the last leaves the server broken.
 """

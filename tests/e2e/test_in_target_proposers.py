@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
-from specdec.medusa.checkpoint import load_medusa
-from specdec.medusa.drafting import MedusaDrafter
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.proposers.medusa.checkpoint import load_medusa
+from specdec.proposers.medusa.drafting import MedusaDrafter
 from specdec.records import Proposer, Request
 from specdec_client import GenerationParams, generate, grpc_stream
 from tests.core.conftest import generate as generate_in_process

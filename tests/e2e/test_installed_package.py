@@ -12,8 +12,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specdec.config import ModelArgs
-from specdec.engine import Engine
+from specdec.runtime.config import ModelArgs
+from specdec.runtime.engine import Engine
+from specdec.proposers.eagle.checkpoint import HeadCheckpoint
 from specdec.records import Request
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_in_process
@@ -45,7 +46,7 @@ def installed_server(installed):
     repository = installed.image_path(copy_destination("model_repository"))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(installed.python), "-m", "specdec.serving.launch",
+            [str(installed.python), "-m", "specdec.launcher.launch",
              f"--model-repository={repository}", f"--http-port={http}", f"--grpc-port={grpc}",
              f"--metrics-port={metrics}", "--exit-timeout-secs=10"],
             cwd=installed.root, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -82,7 +83,7 @@ def test_greedy_output_is_the_editable_trees(installed_server, installed):
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     cpu = torch.device("cpu")
     target = Engine.load(str(target_dir), 1, 128, torch.float32, cpu,
-                         head_path=str(target_dir.parent / "eagle"))
+                         head=HeadCheckpoint(str(target_dir.parent / "eagle")))
     draft = Engine.load(str(target_dir.parent / "draft"), 1, 128, torch.float32, cpu)
     ids = tokenizer(PROMPT)["input_ids"]
     eos = ModelArgs.from_dir(target_dir).eos_token_ids
@@ -107,7 +108,7 @@ def test_served_code_is_the_installed_copy(installed_server, installed):
         assert pid in origins, f"{model}'s backend process (pid {pid}) imported no specdec module"
     # The target's engine, and with it the head's package, loads in speculative_decoding's
     # process by default; target_model and draft_model load nothing there (no torch either).
-    assert "specdec.eagle" in origins[stubs["speculative_decoding"]]
+    assert "specdec.proposers.eagle" in origins[stubs["speculative_decoding"]]
     for pid, modules in origins.items():
         for name, origin in modules.items():
             assert origin.startswith(str(installed.site_packages) + "/"), \

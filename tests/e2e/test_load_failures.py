@@ -11,7 +11,7 @@ def test_missing_model_directory_fails_the_load_naming_it(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")},
            "SPECDEC_DRAFT_MODEL": str(missing)}
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec.serving.launch", f"--http-port={_free_port()}",
+        [sys.executable, "-m", "specdec.launcher.launch", f"--http-port={_free_port()}",
          f"--grpc-port={_free_port()}", f"--metrics-port={_free_port()}",
          "--exit-timeout-secs=1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)

@@ -42,7 +42,7 @@ def server(tmp_path_factory):
     env["SPECDEC_TARGET_FAULT"] = TARGET_DELAY
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.serving.launch", f"--http-port={http}",
+            [sys.executable, "-m", "specdec.launcher.launch", f"--http-port={http}",
              f"--grpc-port={grpc}", f"--metrics-port={metrics}"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}", log,

@@ -28,12 +28,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdec.engine import Engine
-from specdec.ngram import NgramProposer
+from specdec.runtime.engine import Engine
+from specdec.proposers.ngram import NgramProposer
 from specdec.records import Proposer, Request
-from specdec.serving import procs
+from specdec.launcher import procs
 from specdec.serving.tokenizer import decode_ids, encode_prompt, load_tokenizer
-from specdec.weights import load_model
+from specdec.runtime.weights import load_model
 from specdec_client import GenerationParams, generate
 from tests.core.conftest import generate as generate_ids
 from tests.e2e.conftest import heldout_prompts, launch, templated_tokenizer, wait_for
@@ -133,7 +133,7 @@ def rank_one(server) -> int:
     """target_model's worker process (rank 1): a child of its backend process."""
     backend = server.backend_pid("target_model")
     workers = [pid for pid in procs.children(backend)
-               if b"specdec.parallel_worker" in b" ".join(procs._argv(pid))]
+               if b"specdec.runtime.tensor_parallel.parallel_worker" in b" ".join(procs._argv(pid))]
     assert len(workers) == 1, workers
     return workers[0]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from specdec.config import ModelArgs
+from specdec.runtime.config import ModelArgs
 from specdec.serving.adapter import parameters
 from specdec.serving.bls import BlsDrafter, BlsVerifier
 from specdec.serving.checks import check_shared_sizes, read_model_config, say
@@ -40,7 +40,7 @@ class TritonPythonModel:
                                    max_prefill=settings.prefill_budget())
         grammars = None
         if hosted:   # the grammar's masks go with the verification, in this process
-            from specdec.grammar import Grammars
+            from specdec.serving.grammar import Grammars
 
             def grammars():
                 return Grammars.load(tokenizer_path(params), target.vocab_size,

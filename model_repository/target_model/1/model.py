@@ -14,6 +14,6 @@ class TritonPythonModel:
         return self.model.execute(requests)
 
     def finalize(self):
-        # Tensor-parallel workers (specdec/parallel_engine.py) stop with an unload, not only
-        # through the parent-death signal when the stub exits.
+        # Tensor-parallel workers (specdec/runtime/tensor_parallel/parallel_engine.py) stop with an
+        # unload, not only through the parent-death signal when the stub exits.
         getattr(getattr(self.model, "engine", None), "stop", lambda: None)()

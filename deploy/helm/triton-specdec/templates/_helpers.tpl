@@ -48,7 +48,7 @@ tokenizer's directory (models.tokenizer, else models.target, else the image's de
 OpenAI gateway applies the same request limits (max_tokens, K, proposer, prompt size) before a
 request leaves it. SPECDEC_SHUTDOWN_GRACE_S: how long tritonserver (--exit-timeout-secs, from the
 launcher) and the gateway keep serving the streams under way after SIGTERM, the pod's
-terminationGracePeriodSeconds less 5 s for the exit itself (specdec/serving/shutdown.py). */}}
+terminationGracePeriodSeconds less 5 s for the exit itself (specdec/launcher/shutdown.py). */}}
 {{- define "triton-specdec.settingsEnv" -}}
 {{- with .Values.models.target }}
 - name: SPECDEC_TARGET_MODEL
