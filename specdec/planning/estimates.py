@@ -8,6 +8,7 @@ Leviathan et al. (2023, eq. 1) is the special case of equal a_i and T = c*k + 1 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..records import IN_TARGET, Proposer
@@ -205,3 +206,30 @@ class Acceptance:
             p = prior[j] if isinstance(prior, list) else (out[-1] if out else prior)
             out.append((a + weight * p) / (r + weight))
         return out
+
+
+def rates(acceptance: list[float], costs: Costs, proposer: Proposer) -> list[float]:
+    """E(k) / T(k), expected committed tokens a second, for k = 0..len(acceptance)."""
+    t0, a, b = costs.round_line(proposer)
+    return [tokens / max(a + b * k if k else t0, 1e-9)
+            for k, tokens in enumerate(expected_tokens(acceptance))]
+
+
+def argmax(rate: list[float]) -> int:
+    """The k of the highest rate; ties go to smaller k."""
+    top, top_rate = 0, -math.inf
+    for k, r in enumerate(rate):
+        if r > top_rate * (1 + 1e-9):
+            top, top_rate = k, r
+    return top
+
+
+def best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[int, float]:
+    """(k, rate): the argmax over k = 0..len(acceptance) of E(k) / T(k); ties go to smaller k."""
+    rate = rates(acceptance, costs, proposer)
+    k = argmax(rate)
+    return k, rate[k]
+
+
+def best_k(acceptance: list[float], costs: Costs, proposer: Proposer = Proposer.DRAFT) -> int:
+    return best(acceptance, costs, proposer)[0]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .estimates import PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts
-from .policy import Adaptive, Fixed, Policy, argmax, rates
+from .estimates import (PRIOR, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, Costs, PriorCosts,
+                        argmax, rates)
+from .policy import Adaptive, Fixed, Policy
 from ..records import DRAFTING, IN_TARGET, Proposer, Round
 
 # Load levels (active sequences) with separate cost fits: 1, 2, 3-4, 5-8, ..., 65+.

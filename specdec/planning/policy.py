@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from .estimates import PRIOR_ACCEPTANCE, SEQUENCE_WEIGHT, Acceptance, Costs, expected_tokens
+from .estimates import PRIOR_ACCEPTANCE, SEQUENCE_WEIGHT, Acceptance, Costs, best
 from ..records import Off, Proposer, Round
 
 
@@ -75,6 +75,21 @@ class Choice:
     k: int
     reason: Off | None = None   # why k is 0 though drafts were allowed
     proposer: Proposer = Proposer.DRAFT
+
+
+@dataclass(frozen=True)
+class Offer:
+    most: int   # the most a proposer offers this round
+    own: int    # the k its own estimates draft (0: it is off)
+
+
+@dataclass
+class Weighed:
+    """A round's offers, weighed (Adaptive._weigh)."""
+    best: tuple[int, Proposer | None]   # the k and proposer of the highest rate; (0, None)
+    offers: dict[Proposer, Offer]       # every proposer weighed
+    why: Off                            # why none offers, where none does
+    holdable: bool                      # False: the draft is down, asked again each round
 
 
 @dataclass
@@ -199,57 +214,65 @@ class Adaptive(Policy):
             return Choice(0)
         if self._still_held(cap, available):
             return Choice(0, Off.ACCEPTANCE)
-        self.held = None
+        self.held, self.probe = None, None
         costs = self.costs()
-        best_rate, best = 1.0 / max(costs.round_s(None, 0), 1e-9), (0, None)
-        offers: dict[Proposer, tuple[int, int]] = {}   # (the most it offers, its own best k)
-        why, holdable = Off.NO_MATCH, True
-        for p in self._offered(available):
-            kmax = min(cap, (available or {}).get(p, cap))
-            if kmax == 0:
-                if p == self.ahead and self.idle_ahead:   # lookahead left it off: no proposal
-                    why = Off.ACCEPTANCE
-                continue
-            if p == Proposer.DRAFT and p not in self.planner.in_target and \
-                    self.planner.draft_blocked(self):
-                why, holdable = Off.DRAFT_DOWN, False   # asked each round: it may probe
-                continue
-            k, rate = _best(self.acceptance(p)[:kmax], costs, p)
-            offers[p] = (kmax, k)
-            if k and rate > best_rate * (1 + 1e-9):
-                best_rate, best = rate, (k, p)
-        self.probe = None
-        k, p = best
-        for q, (kmax, own) in offers.items():
-            if q == p:
-                self.off_rounds[q] = 0
-                continue
-            # A proposer that is off (its own estimate drafts nothing) is tried now and then,
-            # or it would never be learned again: a draft with one token, a lookup or a head
-            # (whose tokens cost only their verification now) with all it has; only where a
-            # proposal that is always right would pay at all. One that pays but was beaten this
-            # round is not: it is measured where it wins, and a probe would spend a round on
-            # what the estimates say is the lesser proposal (a lookup's text drafted with a
-            # draft model's BLS call for one token, every few rounds of copying).
-            self.off_rounds[q] += 1
-            if not own and self.off_rounds[q] >= self._probe_every(q, costs) \
-                    and _best([1.0] * kmax, costs, q)[0]:
-                self.off_rounds[q], self.probe = 0, q
-                k, p = (1 if q == Proposer.DRAFT else kmax), q
-                break
+        w = self._weigh(cap, available, costs)
+        k, p = self._probe_one_off(w, costs) or w.best
         shared = k > 0 and self.probe is None and self._shared()
         if shared:
             # The batch's width, or all a drafter in the target drafted a round ahead (the
             # width then): drafting less than the widest row saves no row anything.
-            k = offers[p][0] if p == self.ahead else min(self._width(p), offers[p][0])
+            most = w.offers[p].most
+            k = most if p == self.ahead else min(self._width(p), most)
         if k == 0:
-            if offers and holdable:
-                self._hold(cap, available, offers, costs)
-            return Choice(0, Off.ACCEPTANCE if offers else why)
+            if w.offers and w.holdable:
+                self._hold(cap, available, w.offers, costs)
+            return Choice(0, Off.ACCEPTANCE if w.offers else w.why)
         self.drafted_rounds += 1
         if not shared and self.probe is None and self.drafted_rounds % STRETCH_EVERY == 0:
-            k = min(k + 1, offers[p][0])
+            k = min(k + 1, w.offers[p].most)   # the position past the best, now and then
         return self._draft(k) if p == Proposer.DRAFT else Choice(k, None, p)
+
+    def _weigh(self, cap: int, available: dict[Proposer, int] | None, costs: Costs) -> Weighed:
+        """Each offered proposer's best k on its own estimates, and the best of them all
+        against drafting nothing."""
+        w = Weighed(best=(0, None), offers={}, why=Off.NO_MATCH, holdable=True)
+        best_rate = 1.0 / max(costs.round_s(None, 0), 1e-9)
+        for p in self._offered(available):
+            most = min(cap, (available or {}).get(p, cap))
+            if most == 0:
+                if p == self.ahead and self.idle_ahead:   # lookahead left it off: no proposal
+                    w.why = Off.ACCEPTANCE
+                continue
+            if p == Proposer.DRAFT and p not in self.planner.in_target and \
+                    self.planner.draft_blocked(self):
+                w.why, w.holdable = Off.DRAFT_DOWN, False   # asked each round: it may probe
+                continue
+            k, rate = best(self.acceptance(p)[:most], costs, p)
+            w.offers[p] = Offer(most, k)
+            if k and rate > best_rate * (1 + 1e-9):
+                best_rate, w.best = rate, (k, p)
+        return w
+
+    def _probe_one_off(self, w: Weighed, costs: Costs) -> tuple[int, Proposer] | None:
+        """A proposer that is off (its own estimate drafts nothing) is tried now and then, or
+        it would never be learned again: a draft with one token, a lookup or a head (whose
+        tokens cost only their verification now) with all it has; only where a proposal that
+        is always right would pay at all. One that pays but was beaten this round is not: it is
+        measured where it wins, and a probe would spend a round on what the estimates say is
+        the lesser proposal (a lookup's text drafted with a draft model's BLS call for one
+        token, every few rounds of copying). Counts each offer's rounds off on the way."""
+        chosen = w.best[1]
+        for q, offer in w.offers.items():
+            if q == chosen:
+                self.off_rounds[q] = 0
+                continue
+            self.off_rounds[q] += 1
+            if not offer.own and self.off_rounds[q] >= self._probe_every(q, costs) \
+                    and best([1.0] * offer.most, costs, q)[0]:
+                self.off_rounds[q], self.probe = 0, q
+                return (1 if q == Proposer.DRAFT else offer.most), q
+        return None
 
     def _still_held(self, cap: int, available: dict[Proposer, int] | None) -> bool:
         """Whether this round holds the last choice of no drafts (Held); its rounds count as
@@ -269,11 +292,11 @@ class Adaptive(Policy):
         return {p: min(cap, (available or {}).get(p, cap)) for p in self._offered(available)}
 
     def _hold(self, cap: int, available: dict[Proposer, int] | None,
-              offers: dict[Proposer, tuple[int, int]], costs: Costs) -> None:
+              offers: dict[Proposer, Offer], costs: Costs) -> None:
         """Hold this choice of no drafts (every proposer in `offers`, the ones choose weighed,
         is off and none probed)."""
-        due = {q: self._probe_every(q, costs) if _best([1.0] * kmax, costs, q)[0]
-               else math.inf for q, (kmax, _) in offers.items()}
+        due = {q: self._probe_every(q, costs) if best([1.0] * o.most, costs, q)[0]
+               else math.inf for q, o in offers.items()}
         self.held = Held(self._offers(cap, available), due, HOLD_ROUNDS)
 
     def _shared(self) -> bool:
@@ -305,13 +328,13 @@ class Adaptive(Policy):
         # whole batch, so a step drafted every round for the one round in STRETCH_EVERY that
         # uses it costs every row a step.
         costs = self.costs()
-        k = _best(self.acceptance(p)[:cap], costs, p)[0]
+        k = best(self.acceptance(p)[:cap], costs, p)[0]
         stretches = (self.drafted_rounds + 1) % STRETCH_EVERY == 0
-        if k == 0 and _dear(p, costs):
-            # Off, and its token dear (_dear): one token only for the round that will probe
-            # it, or every round would pay a step for drafts thrown away. One within
-            # PROBE_SHARE of a round is cheap: it drafts one every round, ready to probe.
-            self.ahead_every, self.ahead_held = self._spread(p, costs), HOLD_ROUNDS
+        if k == 0 and _step_dear(p, costs):
+            # Off, and its token dear: one token only for the round that will probe it, or
+            # every round would pay a step for drafts thrown away. One within PROBE_SHARE of
+            # a round is cheap: it drafts one every round, ready to probe.
+            self.ahead_every, self.ahead_held = self._rounds_between_probes(p, costs), HOLD_ROUNDS
             return self._idle_ahead(p, self.ahead_every)
         self.idle_ahead = 0
         if self._shared():
@@ -332,9 +355,11 @@ class Adaptive(Policy):
         no fewer than keep the batch's probes (every row's, each adding a one-token round's
         extra to the batch) within PROBE_SHARE of its time. A cheap step's probes cost less
         than that share's resolution (a head drafts one every round anyway)."""
-        return self._spread(p, costs) if _dear(p, costs) else self.probe_every[p]
+        if _step_dear(p, costs):
+            return self._rounds_between_probes(p, costs)
+        return self.probe_every[p]
 
-    def _spread(self, p: Proposer, costs: Costs) -> int:
+    def _rounds_between_probes(self, p: Proposer, costs: Costs) -> int:
         """A dear p's rounds between probes: its backoff, at least the batch's share. A probe
         costs a one-token round's extra, or what p's probes took where that is more (their
         catch-up; a frozen policy's choices depend on its own history only: the cost model
@@ -360,7 +385,7 @@ class Adaptive(Policy):
                                             else min(every * 2, self.planner.probe_max))
 
 
-def _dear(p: Proposer, costs: Costs) -> bool:
+def _step_dear(p: Proposer, costs: Costs) -> bool:
     """A token of it costs more than PROBE_SHARE of a round: drafted every round while off,
     ready to probe, it would cost every round more than probes may (a draft model, the target
     with layers skipped, a head on a small target, Medusa's heads where their LM heads weigh
@@ -372,30 +397,3 @@ def _dear(p: Proposer, costs: Costs) -> bool:
     on the CPU, never chosen, where they weigh 0.8 of the target)."""
     spent = costs.propose_s(p, 1) - (0.0 if p == Proposer.MEDUSA else costs.propose_s(p, 0))
     return spent > PROBE_SHARE * costs.round_s(None, 0)
-
-
-def rates(acceptance: list[float], costs: Costs, proposer: Proposer) -> list[float]:
-    """E(k) / T(k), expected committed tokens a second, for k = 0..len(acceptance)."""
-    t0, a, b = costs.round_line(proposer)
-    return [tokens / max(a + b * k if k else t0, 1e-9)
-            for k, tokens in enumerate(expected_tokens(acceptance))]
-
-
-def argmax(rate: list[float]) -> int:
-    """The k of the highest rate; ties go to smaller k."""
-    best, best_rate = 0, -math.inf
-    for k, r in enumerate(rate):
-        if r > best_rate * (1 + 1e-9):
-            best, best_rate = k, r
-    return best
-
-
-def _best(acceptance: list[float], costs: Costs, proposer: Proposer) -> tuple[int, float]:
-    """(k, rate): the argmax over k = 0..len(acceptance) of E(k) / T(k); ties go to smaller k."""
-    rate = rates(acceptance, costs, proposer)
-    k = argmax(rate)
-    return k, rate[k]
-
-
-def best_k(acceptance: list[float], costs: Costs, proposer: Proposer = Proposer.DRAFT) -> int:
-    return _best(acceptance, costs, proposer)[0]

@@ -11,7 +11,8 @@ import pytest
 
 from specdec.planning.estimates import Costs, LinearFit, PriorCosts, expected_tokens
 from specdec.planning.planner import Planner
-from specdec.planning.policy import Choice, best_k
+from specdec.planning.estimates import best_k
+from specdec.planning.policy import Choice
 from specdec.records import Round
 
 DRAFT_CALL, DRAFT_TOKEN, VERIFY_CALL, VERIFY_TOKEN, OTHER = 0.002, 0.0006, 0.005, 0.0003, 0.0005
@@ -309,16 +310,16 @@ def test_a_choice_of_no_drafts_is_held_a_few_rounds_and_probes_when_it_would(fro
     def run(hold: int) -> tuple[list[int], float, int]:
         monkeypatch.setattr(policy_module, "HOLD_ROUNDS", hold)
         weighed = [0]
-        real = policy_module._best
+        real = policy_module.best
 
         def counted(*args):
             weighed[0] += 1
             return real(*args)
-        monkeypatch.setattr(policy_module, "_best", counted)
+        monkeypatch.setattr(policy_module, "best", counted)
         planner = Planner(8)
         ks, rate = play(planner.open(8, auto=True, frozen=frozen), lambda i: 0.02, 600,
                         random.Random(7))
-        monkeypatch.setattr(policy_module, "_best", real)
+        monkeypatch.setattr(policy_module, "best", real)
         return ks, rate, weighed[0]
 
     every_round, rate, weighed = run(0)
