@@ -159,6 +159,17 @@ def test_no_layer_imports_one_above_it():
     assert upward(imports(PACKAGES)) == {}
 
 
+def test_serving_imports_the_hooks_only_where_a_setting_asks():
+    """hooks/ (a simulated device, injected faults) is for tests and benchmarks: loading the
+    serving modules, the engine models' among them, imports none of it."""
+    code = ("import sys, specdec.serving.engine_model, specdec.serving.engine_settings, "
+            "specdec.serving.orchestrator, specdec.serving.hosted, specdec.serving.drafters; "
+            "print(sorted(m for m in sys.modules if m.startswith('specdec.hooks')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("module", ["specdec.decoding.loop", "specdec_client"])
 def test_the_loop_and_the_client_import_no_torch(module):
     """The loop speaks to a drafter and a verifier, whatever computes them; the client runs

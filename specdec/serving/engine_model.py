@@ -11,18 +11,18 @@ to ready on 2 vCPUs (7.4-9.4 s against 4.3-5.1 with the two idle; docs/benchmark
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .. import names
-from ..hooks import simulate
-from ..runtime.config import ModelArgs
 from ..records import Proposer
+from ..runtime.config import ModelArgs
 from . import calls
-from ..hooks import faults
 from .adapter import error_response, parameters, read_inputs, triton_error
 from .checks import check_one_instance, cpu_line, cuda_line, graphs_line, say
-from .requests import InvalidInput
 from .engine_settings import EngineSettings, check_device
+from .requests import InvalidInput
 from .settings import InTargetSettings
 from .tokenizer import check_draft_tokenizer, in_triton_stub
 
@@ -51,10 +51,14 @@ class _EngineModel:
             "its engine runs in speculative_decoding ($SPECDEC_TARGET_PLACEMENT)" if elsewhere
             else "$SPECDEC_DRAFT_MODEL=none" if s.disabled else None)
         check_one_instance(model_config, f"{self.role}_model")
-        # Tests only, none by default; the hosting process runs this model's script, not the
-        # process that loads nothing (the script runs in the first process that claims it).
-        self.faults = faults.Injector(faults.first_process(
-            [] if elsewhere else faults.parse(s.fault), f"{self.role}_model"))
+        # Tests only, none by default (hooks/, imported only then); the hosting process runs
+        # this model's script, not the process that loads nothing (the script runs in the
+        # first process that claims it).
+        self.faults = None
+        if s.fault and not elsewhere:
+            from ..hooks import faults
+            self.faults = faults.Injector(faults.first_process(faults.parse(s.fault),
+                                                               f"{self.role}_model"))
         self.shown: list[list] = []   # [slot pool, its used gauge, the count it shows]
         self.engine = None
         if elsewhere:   # the hosting process shows this model's slots
@@ -108,11 +112,15 @@ class _EngineModel:
         self._show_slots()
         if s.in_target_fault:   # tests only: a drafter fails in a verification that stands
             # Per model: draft_model reads the same setting and loads first.
+            from ..hooks import faults
             drafter_faults = faults.Injector(faults.first_process(
                 faults.parse(s.in_target_fault), f"{self.role}_model.in_target"))
             faults.fail_drafters(self.engine, lambda: drafter_faults.before(1)[0])
-        # Benchmarks only: calls padded to a device's cost table (simulate.py), said loudly.
-        self.engine = simulate.from_env(self.engine, self.role)
+        # Benchmarks only: calls padded to a device's cost table (hooks/simulate.py's ENV),
+        # said loudly.
+        if os.environ.get("SPECDEC_SIMULATE"):
+            from ..hooks import simulate
+            self.engine = simulate.from_env(self.engine, self.role)
 
     def check_pair(self, s: EngineSettings, target_vocab: int) -> None:
         """Refuse a draft or head made for another target, before any weights load."""
@@ -175,7 +183,7 @@ class _EngineModel:
     def run_calls(self, work: list) -> list:
         """work's results in order: a call's error in its place (the fault injector's, tests
         only, or the engine's)."""
-        results: list = self.faults.before(len(work))
+        results: list = self.faults.before(len(work)) if self.faults else [None] * len(work)
         todo = [i for i, error in enumerate(results) if error is None]
         for i, result in zip(todo, self.run([work[i] for i in todo]) if todo else []):
             results[i] = result
