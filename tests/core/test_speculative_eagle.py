@@ -11,9 +11,11 @@ from specdec.proposers.eagle.checkpoint import load_head
 from specdec.proposers.eagle.config import HeadArgs
 from specdec.proposers.eagle.head import EagleHead
 from specdec.runtime.engine import Engine
+from specdec.proposers.eagle import drafting
 from specdec.proposers.eagle.drafting import HeadDrafter
 from specdec.runtime.graphs import GraphedForward
 from specdec.proposers.ngram import NgramProposer
+from specdec.planning.estimates import PriorCosts
 from specdec.planning.planner import Planner
 from specdec.records import Request, VerifyCall
 from specdec.runtime.sampling import SamplingParams
@@ -142,6 +144,61 @@ def test_a_request_that_drafts_nothing_costs_the_head_nothing(small_pair):
     assert forwards == [] and len(plain) == 8
     assert generate(engine, None, [Request(PROMPT, 8, 3, proposer="eagle")])[0][0] == plain
     assert forwards   # the same head drafts for a request that asks
+
+
+@pytest.mark.parametrize("params", [SamplingParams(),
+                                    SamplingParams(temperature=0.8, top_p=0.95, seed=11)],
+                         ids=["greedy", "sampled"])
+def test_an_off_heads_pairs_wait_for_its_next_draft_and_draft_the_same(pair_dir, greedy, params,
+                                                                        monkeypatch):
+    """A row the policy drafts nothing for leaves its pairs waiting (drafting.DEFER_MAX) and the
+    head writes them with its next drafting round's, or at DEFER_MAX: every round drafts what
+    it drafts when the head writes them each verification, and greedy output is the target's.
+    An untrained head whose token costs half a verification is off most rounds under auto, and
+    probed now and then."""
+    DEAR = PriorCosts(eagle_token=0.004)   # a head token half a verification: off when wrong
+    steps = drafting.draft_steps
+
+    def run(defer_max: int):
+        monkeypatch.setattr(drafting, "DEFER_MAX", defer_max)
+        engine = eagle_engine(pair_dir[0], max_len=192)   # an untrained head
+        forwards = []
+        forward = engine.head._forward
+        engine.head._forward = lambda batch, f: forwards.append(1) or forward(batch, f)
+        # What the head's cache holds, below the position it drafts from, whenever it drafts.
+        cached = []
+
+        def drafting_steps(rows, out, s, cache, *rest):
+            for k, end, slot in zip(rows.ks, rows.fed_at, rows.read_slots.tolist()):
+                if k:
+                    cached.append(torch.cat([cache.k[0][slot, :end], cache.v[0][slot, :end]]))
+            return steps(rows, out, s, cache, *rest)
+        monkeypatch.setattr(drafting, "draft_steps", drafting_steps)
+        rounds = []
+        # One at a time: a batch's rows space their probes by how many share it.
+        got = [generate(engine, None, [Request(p, 96, 6, params, proposer="eagle", auto=True,
+                                               reproducible=True)],
+                        planner=Planner(8, prior=DEAR), on_round=rounds.append)[0][0]
+               for p in prompts()[:4]]
+        assert engine.pool.active == 0 and not engine.head.waiting
+        return got, rounds, len(forwards), cached
+
+    defer_max = drafting.DEFER_MAX
+    every, every_rounds, every_forwards, every_cached = run(0)   # the head writes each round
+    waits, wait_rounds, wait_forwards, wait_cached = run(defer_max)
+    assert len(wait_cached) == len(every_cached) > 8
+    for a, b in zip(wait_cached, every_cached):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert waits == every
+    if params.greedy:
+        assert [w[:MAX_TOKENS] for w in waits] == greedy[:4]
+    drafted = [(r.k, r.accepted, r.proposer, r.failure) for r in every_rounds]
+    assert [(r.k, r.accepted, r.proposer, r.failure) for r in wait_rounds] == drafted
+    assert sum(r.k == 0 for r in every_rounds) > len(every_rounds) // 2   # off, mostly
+    assert any(r.k for r in every_rounds)                                 # and probed
+    # The pairs a probe's round writes first: its committed tokens that waited.
+    assert sum(r.draft_fed for r in wait_rounds) > sum(r.draft_fed for r in every_rounds)
+    assert wait_forwards < every_forwards / 2
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,43 @@ committed position (not the rejected drafts'): (the target's features there, the
 further), the last pair's token being x_b. Its output at position N_b - 1 drafts d_1; step j
 feeds (its previous output, d_j) at position N_b - 1 + j. Positions past N_b - 1 hold drafted
 pairs, masked by the slot's length until overwritten, exactly as the target's cache.
+
+A row that drafts nothing this round (its policy has the head off) leaves its pairs waiting
+(Waiting) instead of running the head: they are written with its next drafting round's, or
+once DEFER_MAX of them wait, in one forward. The head reads its cache only when it drafts, so
+it drafts from the same pairs either way.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from ...runtime.draft_steps import StepRows, draft_steps
 from ...runtime.graphs import GraphedForward
 from ...runtime.in_target import InTargetDrafter, Verified
-from ...runtime.kv_cache import KVCache
 from ...runtime.batch import Batch
+from ...runtime.kv_cache import KVCache
+from ...runtime.sampling import BatchSampling
 from .head import EagleHead
+
+# Positions a row's pairs may wait. A head forward over a position or two each round, drafting
+# nothing, cost an off head a third of target-only's tokens a second on the CPU pair.
+DEFER_MAX = 64
+
+
+@dataclass
+class Waiting:
+    """A row's pairs not yet in the head's cache, from position `start` on, by verification."""
+    start: int
+    tokens: list[torch.Tensor] = field(default_factory=list)     # [n_i] pair tokens
+    features: list[torch.Tensor] = field(default_factory=list)   # [n_i, A * D] the target's
+    n: int = 0
+
+    def add(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
+        self.tokens.append(tokens)
+        self.features.append(features)
+        self.n += len(tokens)
 
 
 class HeadDrafter(InTargetDrafter):
@@ -28,6 +54,7 @@ class HeadDrafter(InTargetDrafter):
         """Drafts once bound to the target's engine (Engine's `head`), which sizes its cache."""
         self.head, self.capture = head, head.args.aux_layers
         self.graphs: GraphedForward | None = None   # graphed() sets them
+        self.waiting: dict[int, Waiting] = {}
 
     def bind(self, engine) -> None:
         a, cache = self.head.args.layer, engine.cache
@@ -53,25 +80,78 @@ class HeadDrafter(InTargetDrafter):
         a = self.head.args.layer
         return KVCache.bytes_needed(1, max_sequences, max_len, a.num_kv_heads, a.head_dim, dtype)
 
-    def draft(self, v: Verified) -> tuple[list[list[int]], torch.Tensor | None]:
+    def behind(self, seq_id: int) -> int:
+        w = self.waiting.get(seq_id)
+        return w.n if w else 0
+
+    def release(self, seq_id: int) -> None:
+        self.waiting.pop(seq_id, None)
+
+    def draft(self, v: Verified) -> tuple[list[list[int]], list[torch.Tensor | None] | None]:
         """Catch up on the committed positions, then draft: v.features [B, T, A * Ht] the
         target's captured layers over its forward, v.tokens [B, T] its tokens."""
-        head, dev = self.head, self.device
-        features, rows, starts, slots, ends, nxt, ks, s = (
-            v.features, v.tokens, v.starts, v.slots, v.ends, v.nxt, v.ks, v.sampling)
-        b = len(v.seq_ids)
+        dev, b = self.device, len(v.seq_ids)
         # Only the committed positions: a rejected draft's pair would be masked until
         # overwritten, and on a compute-bound device it costs as much as a kept one.
-        need = [e - s for e, s in zip(ends, starts)]
-        t = max(need)
+        need = [e - s for e, s in zip(v.ends, v.starts)]
         last = torch.tensor(need, device=dev) - 1                                      # [B]
         # Pair tokens: one position ahead of the features, x_b at the last committed position.
-        ahead = torch.cat((rows[:, 1:], rows[:, :1]), 1).scatter(1, last[:, None], nxt[:, None])
-        batch = Batch.build(ahead[:, :t], starts, slots, self.cache, dev, need)
+        ahead = torch.cat((v.tokens[:, 1:], v.tokens[:, :1]), 1).scatter(
+            1, last[:, None], v.nxt[:, None])                                          # [B, T]
+        run = []
+        for i, seq in enumerate(v.seq_ids):
+            w = self.waiting.get(seq)
+            if w is not None and w.start + w.n != v.starts[i]:   # not where this one starts
+                del self.waiting[seq]
+                w = None
+            if v.ks[i] or (w.n if w else 0) + need[i] >= DEFER_MAX:
+                run.append(i)
+                continue
+            if w is None:
+                w = self.waiting[seq] = Waiting(v.starts[i])
+            # Copies: the forward's output may be a CUDA graph's, overwritten by its next replay.
+            w.add(ahead[i, :need[i]].clone(), v.features[i, :need[i]].clone())
+        if not run:
+            return [[] for _ in range(b)], None
+        waited = [self.waiting.pop(v.seq_ids[i], None) for i in run]
+        if len(run) == b and not any(waited):
+            return self._draft(v, ahead, v.features, v.starts, need, v.sampling)
+        rows, feats, starts = [], [], []
+        for i, w in zip(run, waited):
+            new = (ahead[i, :need[i]], v.features[i, :need[i]])
+            rows.append(torch.cat(w.tokens + [new[0]]) if w else new[0])
+            feats.append(torch.cat(w.features + [new[1]]) if w else new[1])
+            starts.append(w.start if w else v.starts[i])
+        n = [len(r) for r in rows]
+        tokens = ahead.new_zeros(len(run), max(n))                                   # [R, t]
+        features = v.features.new_zeros(len(run), max(n), v.features.shape[-1])     # [R, t, AD]
+        for j, (r, f) in enumerate(zip(rows, feats)):
+            tokens[j, :len(r)], features[j, :len(f)] = r, f
+        params = [v.params[i] for i in run]
+        s = BatchSampling.stack(params, dev)
+        sub = Verified([v.seq_ids[i] for i in run], starts, [v.slots[i] for i in run],
+                       [v.ends[i] for i in run], tokens, v.nxt[run], v.hidden[run], features,
+                       [v.ks[i] for i in run], params, s)
+        drafted, q = self._draft(sub, tokens, features, starts, n, s)
+        out: list[list[int]] = [[] for _ in range(b)]
+        qs: list[torch.Tensor | None] = [None] * b
+        for j, i in enumerate(run):
+            out[i], qs[i] = drafted[j], None if q is None else q[j]
+        return out, None if q is None else qs
+
+    def _draft(self, v: Verified, ahead: torch.Tensor, features: torch.Tensor,
+               starts: list[int], need: list[int], s: BatchSampling
+               ) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Write every row's pairs (ahead [B, t] from position starts[b], need[b] of them, with
+        their features [B, t, A * Ht]), then draft v.ks from each row's last."""
+        head, dev = self.head, self.device
+        t, b = max(need), len(need)
+        last = torch.tensor(need, device=dev) - 1                                      # [B]
+        batch = Batch.build(ahead[:, :t], starts, v.slots, self.cache, dev, need)
         feature = head.fc(features[:, :t].to(head.fc.weight.dtype))                  # [B, t, H]
         h = self._forward(batch, feature)
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
-        steps = StepRows(ks, ends, 1, batch.read_slots, batch.first_slot)
+        steps = StepRows(v.ks, v.ends, 1, batch.read_slots, batch.first_slot)
         return draft_steps(steps, h, s, self.cache,
                            lambda x: head.target_ids(head.logits(x).argmax(-1)),
                            lambda x: head.target_logits(x, self.vocab_size), self._forward)
