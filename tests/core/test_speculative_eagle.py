@@ -3,11 +3,12 @@ round r + 1. Temperature 0: output equals the target's own greedy output; sampli
 follows the target's distribution, the head's q verified where it was made; a failing head costs
 only its proposals."""
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
-from specdec.proposers.eagle.checkpoint import load_head
+from specdec.proposers.eagle.checkpoint import HeadCheckpoint, load_head
 from specdec.proposers.eagle.config import HeadArgs
 from specdec.proposers.eagle.head import EagleHead
 from specdec.runtime.engine import Engine
@@ -336,3 +337,23 @@ def test_captured_head_graphs_keep_greedy_exact(pair_dir, head_dir, greedy):
                                       for p in prompts()])
     assert [r[0] for r in results] == greedy
     assert all(g.graph is not None for g in engine.head.graphs.graphs.values())
+
+
+def test_the_heads_layers_run_the_cpus_kernels_where_the_targets_do():
+    """On the CPU the head's linear layers are packed for the CPU's kernel as the target's are
+    (unpacked, in bfloat16 PyTorch's own matrix products made a probe's catch-up cost more
+    than the target's step), and it drafts the same greedy tokens as unpacked."""
+    root = Path(__file__).resolve().parents[2] / "models" / "default"
+    checkpoint = HeadCheckpoint(str(root / "eagle"))
+    packed = Engine.load(str(root / "target"), 2, 128, torch.float32, CPU, head=checkpoint)
+    plain = Engine.load(str(root / "target"), 2, 128, torch.float32, CPU, head=checkpoint,
+                        cpu_kernel=False)
+    if not packed.cpu_kernel:
+        pytest.skip("the CPU's kernels do not build here")
+    layers = [m for m in packed.head.head.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 6 and all(m.packed is not None for m in layers)
+    assert not any(getattr(m, "packed", None) is not None for m in plain.head.head.modules())
+    reqs = [Request(list(range(5, 25)), 24, 4, proposer="eagle")]
+    got, want = generate(packed, None, reqs), generate(plain, None, reqs)
+    assert got[0][0] == want[0][0]
+    assert got[0][1].accepted_per_round == want[0][1].accepted_per_round

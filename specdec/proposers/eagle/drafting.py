@@ -23,6 +23,7 @@ import torch
 from ...runtime.draft_steps import StepRows, draft_steps
 from ...runtime.graphs import GraphedForward
 from ...runtime.in_target import InTargetDrafter, Verified
+from ...kernels.cpu.linear import pack_model
 from ...runtime.batch import Batch
 from ...runtime.kv_cache import KVCache
 from ...runtime.sampling import BatchSampling
@@ -59,6 +60,9 @@ class HeadDrafter(InTargetDrafter):
     def bind(self, engine) -> None:
         a, cache = self.head.args.layer, engine.cache
         self.head.flash = engine.model.flash
+        if engine.cpu_kernel:   # its layers on the CPU's kernels, as the target's
+            pack_model(self.head)
+        self.dtype = engine.dtype
         self.device, self.max_len, self.vocab_size = engine.device, cache.max_len, engine.vocab_size
         self.cache = KVCache(1, cache.num_slots, cache.max_len, a.num_kv_heads, a.head_dim,
                              engine.dtype, engine.device)
@@ -148,7 +152,7 @@ class HeadDrafter(InTargetDrafter):
         t, b = max(need), len(need)
         last = torch.tensor(need, device=dev) - 1                                      # [B]
         batch = Batch.build(ahead[:, :t], starts, v.slots, self.cache, dev, need)
-        feature = head.fc(features[:, :t].to(head.fc.weight.dtype))                  # [B, t, H]
+        feature = head.fc(features[:, :t].to(self.dtype))                            # [B, t, H]
         h = self._forward(batch, feature)
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
         steps = StepRows(v.ks, v.ends, 1, batch.read_slots, batch.first_slot)

@@ -22,7 +22,7 @@ from torch import nn
 from ...runtime import attention
 from ...runtime.kv_cache import KVCache
 from ...runtime.batch import Batch
-from ...runtime.model import MLP, Attention, RMSNorm, rope_buffer, rotation
+from ...runtime.model import MLP, Attention, Linear, RMSNorm, rope_buffer, rotation
 from .config import HeadArgs
 
 
@@ -35,7 +35,7 @@ class HeadLayer(nn.Module):
         self.hidden_norm = RMSNorm(dim, eps)
         self.self_attn = Attention(a, 0)
         # q, k and v read [embedding, feature]: twice the hidden size.
-        self.self_attn.qkv_proj = nn.Linear(
+        self.self_attn.qkv_proj = Linear(
             2 * dim, (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, bias=a.qkv_bias)
         self.post_attention_layernorm = RMSNorm(dim, eps)
         self.mlp = MLP(a)
@@ -62,11 +62,11 @@ class EagleHead(nn.Module):
         super().__init__()
         a = h.layer
         self.args = h
-        self.fc = nn.Linear(len(h.aux_layers) * h.target_hidden_size, a.hidden_size, bias=False)
+        self.fc = Linear(len(h.aux_layers) * h.target_hidden_size, a.hidden_size, bias=False)
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList([HeadLayer(h)])
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.lm_head = nn.Linear(a.hidden_size, h.draft_vocab_size, bias=False)
+        self.lm_head = Linear(a.hidden_size, h.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(h.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("inv_freq", rope_buffer(a), persistent=False)
         self.flash: attention.FlashKernel | None = None  # set by the engine, as the target's
