@@ -49,7 +49,8 @@ class Verified:
     tokens: torch.Tensor          # [B, T] the forward's tokens (committed, then drafts)
     nxt: torch.Tensor             # [B] the target's own token, committed at position N_b
     hidden: torch.Tensor          # [B, D] the final-normed hidden state that scored nxt
-    features: torch.Tensor | None  # [B, T, A * D] the captured layers (an EAGLE-3 head's)
+    features: torch.Tensor | None  # [B, T, A * D] the captured layers (an EAGLE-3 head's), a
+    #                               copy: not the forward's output, which a graph overwrites
     ks: list[int]                 # tokens to draft per row (0: catch up only)
     params: list[SamplingParams]
     sampling: "BatchSampling"     # the same, stacked on the device

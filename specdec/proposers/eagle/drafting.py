@@ -113,8 +113,9 @@ class HeadDrafter(InTargetDrafter):
                 continue
             if w is None:
                 w = self.waiting[seq] = Waiting(v.starts[i])
-            # Copies: the forward's output may be a CUDA graph's, overwritten by its next replay.
-            w.add(ahead[i, :need[i]].clone(), v.features[i, :need[i]].clone())
+            # Views: the engine gathered v.features out of the forward's output (a CUDA
+            # graph's, overwritten by its next replay), and `ahead` is this call's own.
+            w.add(ahead[i, :need[i]], v.features[i, :need[i]])
         if not run:
             return [[] for _ in range(b)], None
         waited = [self.waiting.pop(v.seq_ids[i], None) for i in run]
