@@ -135,6 +135,13 @@ class Policy:
     def _cap(self, k: int) -> int:
         return k if self.frozen else self.planner.capped(k)
 
+    def _room(self, k: int) -> int | Choice:
+        """k under the operator's load cap, or the choice of none where none is left."""
+        if k and self._cap(k) == 0:
+            return Choice(0, Off.LOAD_CAP)
+        k = self._cap(k)
+        return k or Choice(0)
+
     def _draft(self, k: int) -> Choice:
         if Proposer.DRAFT in self.planner.in_target:   # it fails like a head: per round
             return Choice(k, None, Proposer.DRAFT)
@@ -150,12 +157,9 @@ class Fixed(Policy):
         self.k = k
 
     def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
-        k = min(self.k, limit)
-        if k and self._cap(k) == 0:
-            return Choice(0, Off.LOAD_CAP)
-        k = self._cap(k)
-        if k == 0:
-            return Choice(0)
+        k = self._room(min(self.k, limit))
+        if isinstance(k, Choice):
+            return k
         last = self.proposers[-1]
         for p in self._offered(available):
             if p == Proposer.DRAFT and p not in self.planner.in_target:
@@ -206,12 +210,9 @@ class Adaptive(Policy):
         return self.planner.frozen_costs if self.frozen else self.planner.costs_now()
 
     def choose(self, limit: int, available: dict[Proposer, int] | None = None) -> Choice:
-        cap = min(self.cap, limit)
-        if cap and self._cap(cap) == 0:
-            return Choice(0, Off.LOAD_CAP)
-        cap = self._cap(cap)
-        if cap == 0:
-            return Choice(0)
+        cap = self._room(min(self.cap, limit))
+        if isinstance(cap, Choice):
+            return cap
         if self._still_held(cap, available):
             return Choice(0, Off.ACCEPTANCE)
         self.held, self.probe = None, None
