@@ -2,5 +2,6 @@
 batching of concurrent sequences' calls (batching.py), the papers' step it is held to
 (reference.py), and an in-process drafter and verifier over an engine (local.py).
 
-May import: records.py, proposers/ and planning/; loop.py imports no torch.
+May import: records.py, proposers/, planning/, and the engine (local.py, reference.py); loop.py
+imports no torch.
 """

@@ -42,8 +42,8 @@ class Engine:
         reading the target's layers inside verify (an EAGLE-3 head's, proposers/eagle/),
         attached before any CUDA graph. batch_invariant: score each token with the same
         arithmetic whatever its batch holds (invariant.py). cpu_kernel: the CPU's own kernels
-        (cpu/; None: on the CPU in float32 and bfloat16 where they build; True: required), which
-        fuse the layers' norms and MLP there. fused_pointwise: on CUDA, those by
+        (kernels/cpu/; None: on the CPU in float32 and bfloat16 where they build; True:
+        required), which fuse the layers' norms and MLP there. fused_pointwise: on CUDA, those by
         gpu_pointwise.py's Triton kernels where its probe passes. Load errors raise ValueError."""
         a = model.args
         self.model, self.device, self.max_len = model, device, max_len
