@@ -62,8 +62,7 @@ class HeadDrafter(InTargetDrafter):
         self.head.flash = engine.model.flash
         if engine.cpu_kernel:   # its layers on the CPU's kernels, as the target's
             pack_model(self.head)
-        self.dtype = engine.dtype
-        self.device, self.max_len, self.vocab_size = engine.device, cache.max_len, engine.vocab_size
+        self.dtype, self.device, self.vocab_size = engine.dtype, engine.device, engine.vocab_size
         self.cache = KVCache(1, cache.num_slots, cache.max_len, a.num_kv_heads, a.head_dim,
                              engine.dtype, engine.device)
 
@@ -120,7 +119,8 @@ class HeadDrafter(InTargetDrafter):
             return [[] for _ in range(b)], None
         waited = [self.waiting.pop(v.seq_ids[i], None) for i in run]
         if len(run) == b and not any(waited):
-            return self._draft(v, ahead, v.features, v.starts, need, v.sampling)
+            return self._draft(ahead, v.features, v.starts, need, v.slots, v.ks, v.ends,
+                               v.sampling)
         rows, feats, starts = [], [], []
         for i, w in zip(run, waited):
             new = (ahead[i, :need[i]], v.features[i, :need[i]])
@@ -132,31 +132,29 @@ class HeadDrafter(InTargetDrafter):
         features = v.features.new_zeros(len(run), max(n), v.features.shape[-1])     # [R, t, AD]
         for j, (r, f) in enumerate(zip(rows, feats)):
             tokens[j, :len(r)], features[j, :len(f)] = r, f
-        params = [v.params[i] for i in run]
-        s = BatchSampling.stack(params, dev)
-        sub = Verified([v.seq_ids[i] for i in run], starts, [v.slots[i] for i in run],
-                       [v.ends[i] for i in run], tokens, v.nxt[run], v.hidden[run], features,
-                       [v.ks[i] for i in run], params, s)
-        drafted, q = self._draft(sub, tokens, features, starts, n, s)
+        drafted, q = self._draft(tokens, features, starts, n, [v.slots[i] for i in run],
+                                 [v.ks[i] for i in run], [v.ends[i] for i in run],
+                                 BatchSampling.stack([v.params[i] for i in run], dev))
         out: list[list[int]] = [[] for _ in range(b)]
         qs: list[torch.Tensor | None] = [None] * b
         for j, i in enumerate(run):
             out[i], qs[i] = drafted[j], None if q is None else q[j]
         return out, None if q is None else qs
 
-    def _draft(self, v: Verified, ahead: torch.Tensor, features: torch.Tensor,
-               starts: list[int], need: list[int], s: BatchSampling
-               ) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Write every row's pairs (ahead [B, t] from position starts[b], need[b] of them, with
-        their features [B, t, A * Ht]), then draft v.ks from each row's last."""
+    def _draft(self, ahead: torch.Tensor, features: torch.Tensor, starts: list[int],
+               need: list[int], slots: list[int], ks: list[int], ends: list[int],
+               s: BatchSampling) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Write every row's pairs into its slot (ahead [B, t] from position starts[b], need[b]
+        of them, with their features [B, t, A * Ht]), then draft ks[b] from each row's last,
+        committed up to ends[b]."""
         head, dev = self.head, self.device
         t, b = max(need), len(need)
         last = torch.tensor(need, device=dev) - 1                                      # [B]
-        batch = Batch.build(ahead[:, :t], starts, v.slots, self.cache, dev, need)
+        batch = Batch.build(ahead[:, :t], starts, slots, self.cache, dev, need)
         feature = head.fc(features[:, :t].to(self.dtype))                            # [B, t, H]
         h = self._forward(batch, feature)
         h = h[torch.arange(b, device=dev), last][:, None]                             # [B, 1, H]
-        steps = StepRows(v.ks, v.ends, 1, batch.read_slots, batch.first_slot)
+        steps = StepRows(ks, ends, 1, batch.read_slots, batch.first_slot)
         return draft_steps(steps, h, s, self.cache,
                            lambda x: head.target_ids(head.logits(x).argmax(-1)),
                            lambda x: head.target_logits(x, self.vocab_size), self._forward)
