@@ -22,11 +22,11 @@ import asyncio
 import time
 from typing import Awaitable, Callable, Protocol
 
-from ..proposers.ngram import NgramProposer
 from ..planning.planner import Planner
 from ..planning.policy import Choice, Policy
 from ..proposers.base import (DraftModelProposer, Drafted, Drafter, InTargetProposer,
                               LookupProposer, SequenceProposer, SuffixLookupProposer)
+from ..proposers.ngram import NgramProposer
 from ..proposers.suffix import SuffixProposer
 from ..records import (DRAFTING, IN_TARGET, Chunk, Finish, Proposal, Proposer, Request, Round,
                        Stats, TokenLogprob, Verdict, VerifyCall)

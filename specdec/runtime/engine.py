@@ -12,10 +12,11 @@ from dataclasses import replace
 
 import torch
 
-from . import attention, gpu_pointwise, memory
-from .batch import Batch, rows_from
 from ..kernels.cpu import (attention as cpu_attention, build as cpu_build, linear as cpu_linear,
                            pointwise as cpu_pointwise)
+from ..records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
+from . import attention, gpu_pointwise, memory
+from .batch import Batch, rows_from
 from .config import CheckpointError
 from .draft_steps import StepRows, draft_steps
 from .graphs import GraphedForward
@@ -24,7 +25,6 @@ from .kv_cache import KVCache, SlotPool
 from .logprobs import scored
 from .model import Transformer
 from .parallel_drafts import ParallelDrafts
-from ..records import Failure, Proposal, ProposeCall, Proposer, SlotError, Verdict, VerifyCall
 from .sampling import BatchSampling, apply_token_masks, probabilities
 from .transfer import to_device
 from .verify import verify as verify_drafts, verify_greedy
